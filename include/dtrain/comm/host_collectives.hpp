@@ -1,0 +1,163 @@
+#pragma once
+// Collectives on host memory over one MPI communicator, safe for any element count.
+//
+// Note [MPI counts]
+// MPI counts are `int`. Allreduce and broadcast are cut into pieces of at most `chunk_elems`
+// elements; that bound also keeps each call's message below the size at which the MPI library's
+// per-call scratch buffer would be freshly mapped (see docs/performance.md). Ops with per-rank
+// counts (allgatherv, alltoallv, reduce_scatter) use one call when every count and displacement
+// fits in an int, and otherwise fall back to chunked point-to-point or rooted calls.
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "dtrain/comm/mpi_datatype.hpp"
+
+namespace dtrain::detail {
+
+// Largest count handed to one MPI call. A variable, not a constant, so tests can lower it and
+// exercise the large-count paths with small buffers.
+inline std::int64_t& mpi_count_limit() noexcept {
+  static std::int64_t limit = INT_MAX;
+  return limit;
+}
+
+inline std::int64_t chunk_elements(std::int64_t chunk_bytes, DataType dtype) noexcept {
+  std::int64_t e = std::max<std::int64_t>(1, chunk_bytes / static_cast<std::int64_t>(element_size(dtype)));
+  return std::min(e, mpi_count_limit());
+}
+
+inline char* byte_ptr(void* p, std::int64_t elems, DataType dtype) noexcept {
+  return static_cast<char*>(p) + elems * static_cast<std::int64_t>(element_size(dtype));
+}
+inline const char* byte_ptr(const void* p, std::int64_t elems, DataType dtype) noexcept {
+  return static_cast<const char*>(p) + elems * static_cast<std::int64_t>(element_size(dtype));
+}
+
+// In-place allreduce of `n` elements. `op` must not be Average (the caller folds it into a scale).
+inline void host_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, MPI_Comm comm,
+                           std::int64_t chunk_elems) {
+  const MPI_Datatype type = mpi_datatype(dtype);
+  const MPI_Op mop = mpi_op(op, dtype);
+  for (std::int64_t off = 0; off < n; off += chunk_elems) {
+    const int count = static_cast<int>(std::min(chunk_elems, n - off));
+    mpi_check(MPI_Allreduce(MPI_IN_PLACE, byte_ptr(buf, off, dtype), count, type, mop, comm),
+              "MPI_Allreduce");
+  }
+}
+
+inline void host_broadcast(void* buf, std::int64_t n, DataType dtype, int root, MPI_Comm comm,
+                           std::int64_t chunk_elems) {
+  const MPI_Datatype type = mpi_datatype(dtype);
+  for (std::int64_t off = 0; off < n; off += chunk_elems) {
+    const int count = static_cast<int>(std::min(chunk_elems, n - off));
+    mpi_check(MPI_Bcast(byte_ptr(buf, off, dtype), count, type, root, comm), "MPI_Bcast");
+  }
+}
+
+inline bool fits_in_count(const std::vector<std::int64_t>& counts) {
+  std::int64_t total = 0;
+  for (auto c : counts) {
+    if (c > mpi_count_limit()) return false;
+    total += c;
+  }
+  return total <= mpi_count_limit();
+}
+
+inline std::vector<int> to_int(const std::vector<std::int64_t>& v) {
+  return std::vector<int>(v.begin(), v.end());
+}
+inline std::vector<std::int64_t> exclusive_prefix(const std::vector<std::int64_t>& v) {
+  std::vector<std::int64_t> out(v.size(), 0);
+  for (std::size_t i = 1; i < v.size(); ++i) out[i] = out[i - 1] + v[i - 1];
+  return out;
+}
+
+// Gathers `counts[r]` elements from every rank r into `recv`, in rank order.
+inline void host_allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+                            DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const auto displs = exclusive_prefix(counts);
+  const MPI_Datatype type = mpi_datatype(dtype);
+  if (fits_in_count(counts)) {
+    auto c = to_int(counts), d = to_int(displs);
+    mpi_check(MPI_Allgatherv(counts[rank] ? send : recv, c[rank], type, recv, c.data(), d.data(),
+                             type, comm),
+              "MPI_Allgatherv");
+    return;
+  }
+  std::copy_n(static_cast<const char*>(send), counts[rank] * element_size(dtype),
+              byte_ptr(recv, displs[rank], dtype));
+  for (std::size_t r = 0; r < counts.size(); ++r)
+    host_broadcast(byte_ptr(recv, displs[r], dtype), counts[r], dtype, static_cast<int>(r), comm,
+                   chunk_elems);
+}
+
+// Sends send_counts[r] elements to rank r; receives recv_counts[r] elements from rank r.
+inline void host_alltoallv(const void* send, const std::vector<std::int64_t>& send_counts,
+                           void* recv, const std::vector<std::int64_t>& recv_counts,
+                           DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
+  const auto sdispls = exclusive_prefix(send_counts);
+  const auto rdispls = exclusive_prefix(recv_counts);
+  const MPI_Datatype type = mpi_datatype(dtype);
+  if (fits_in_count(send_counts) && fits_in_count(recv_counts)) {
+    auto sc = to_int(send_counts), sd = to_int(sdispls), rc = to_int(recv_counts),
+         rd = to_int(rdispls);
+    mpi_check(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
+                            comm),
+              "MPI_Alltoallv");
+    return;
+  }
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  // Pairwise exchange: in step s, send to rank+s and receive from rank-s, chunk by chunk.
+  for (int s = 0; s < size; ++s) {
+    const int to = (rank + s) % size, from = (rank - s + size) % size;
+    std::int64_t sent = 0, received = 0;
+    while (sent < send_counts[to] || received < recv_counts[from]) {
+      const int sc = static_cast<int>(std::min(chunk_elems, send_counts[to] - sent));
+      const int rc = static_cast<int>(std::min(chunk_elems, recv_counts[from] - received));
+      mpi_check(MPI_Sendrecv(byte_ptr(send, sdispls[to] + sent, dtype), sc, type, to, 0,
+                             byte_ptr(recv, rdispls[from] + received, dtype), rc, type, from, 0,
+                             comm, MPI_STATUS_IGNORE),
+                "MPI_Sendrecv");
+      sent += sc;
+      received += rc;
+    }
+  }
+}
+
+// Reduces `send` (sum of counts elements) across ranks; rank r receives counts[r] elements at
+// offset sum(counts[0..r)).
+inline void host_reduce_scatter(const void* send, void* recv,
+                                const std::vector<std::int64_t>& counts, DataType dtype,
+                                ReduceOp op, MPI_Comm comm, std::int64_t chunk_elems) {
+  const MPI_Datatype type = mpi_datatype(dtype);
+  const MPI_Op mop = mpi_op(op, dtype);
+  if (fits_in_count(counts)) {
+    auto c = to_int(counts);
+    mpi_check(MPI_Reduce_scatter(send, recv, c.data(), type, mop, comm), "MPI_Reduce_scatter");
+    return;
+  }
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  const auto displs = exclusive_prefix(counts);
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    for (std::int64_t off = 0; off < counts[r]; off += chunk_elems) {
+      const int count = static_cast<int>(std::min(chunk_elems, counts[r] - off));
+      const bool mine = static_cast<int>(r) == rank;
+      mpi_check(MPI_Reduce(byte_ptr(send, displs[r] + off, dtype),
+                           mine ? byte_ptr(recv, off, dtype) : nullptr, count, type, mop,
+                           static_cast<int>(r), comm),
+                "MPI_Reduce");
+    }
+  }
+}
+
+}  // namespace dtrain::detail

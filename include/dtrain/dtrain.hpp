@@ -1,0 +1,13 @@
+#pragma once
+// dtrain: data-parallel distributed training for C++.
+// The umbrella header: lifecycle, topology, tensors, collectives, training utilities.
+// Opt-in extras: <dtrain/torch.hpp> (libtorch tensors and optimizers), <dtrain/cuda.hpp>
+// (CUDA/NCCL device path; link dtrain::cuda).
+#include "dtrain/comm/collectives.hpp"
+#include "dtrain/core/config.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/logging.hpp"
+#include "dtrain/core/version.hpp"
+#include "dtrain/runtime/runtime.hpp"
+#include "dtrain/tensor/traits.hpp"
+#include "dtrain/tensor/view.hpp"

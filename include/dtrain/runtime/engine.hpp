@@ -1,0 +1,613 @@
+#pragma once
+// The background engine: one thread per process that negotiates, fuses and executes ops.
+// See Note [Negotiation] and Note [Batching] in runtime/coordinator.hpp.
+//
+// Note [Waiting without burning cores]
+// User threads only enqueue and then block on their handle. The engine thread blocks on a
+// condition variable while nothing is in flight (rank 0 wakes once a second to notice ranks that
+// wait on it, for stall reports). While something is in flight it polls MPI for a few tens of
+// microseconds (a lone small op completes inside that window), then yields, then sleeps in steps of
+// at most a millisecond: a rank that waits on a straggler costs almost nothing.
+#include <mpi.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/config.hpp"
+#include "dtrain/core/logging.hpp"
+#include "dtrain/runtime/coordinator.hpp"
+#include "dtrain/runtime/host_backend.hpp"
+
+namespace dtrain {
+
+// Counters for observing the engine (tests, benchmarks, profiling).
+struct EngineStats {
+  std::uint64_t collectives = 0;        // data collectives executed on this rank
+  std::uint64_t fused_collectives = 0;  // of which packed several tensors
+  std::uint64_t bytes_reduced = 0;
+  std::uint64_t buffer_allocations = 0; // fusion/scratch buffer (re)allocations
+  std::uint64_t cache_ids_sent = 0;     // requests this rank sent as response-cache ids
+  std::uint64_t requests_sent = 0;      // requests this rank sent in any form
+  // Coordinator view (rank 0 only; zero elsewhere):
+  std::uint64_t responses = 0;
+  std::uint64_t fused_tensors = 0;
+  std::uint64_t cache_hits = 0;
+  std::uint64_t stall_warnings = 0;
+};
+
+namespace detail {
+
+inline constexpr int kRequestTag = 1;
+inline constexpr int kResponseTag = 2;
+
+// A device backend (CUDA/NCCL or staging) registers a factory here when its header is included.
+using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const Config&, MPI_Comm data_comm,
+                                                          BackendStats*);
+inline DeviceBackendFactory& device_backend_factory() noexcept {
+  static DeviceBackendFactory f = nullptr;
+  return f;
+}
+
+class Engine {
+ public:
+  Engine(const Config& config, MPI_Comm world) : config_(config) {
+    mpi_check(MPI_Comm_dup(world, &control_), "MPI_Comm_dup");
+    mpi_check(MPI_Comm_dup(world, &data_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(world, &rank_);
+    MPI_Comm_size(world, &size_);
+    if (rank_ == 0) {
+      CoordinatorOptions o;
+      o.size = size_;
+      o.fusion_threshold_bytes = config.fusion_threshold_bytes;
+      o.cycle_time_ms = config.cycle_time_ms;
+      o.cache_capacity = config.cache_capacity;
+      o.stall_check_disable = config.stall_check_disable;
+      o.stall_check_time_seconds = config.stall_check_time_seconds;
+      o.stall_shutdown_time_seconds = config.stall_shutdown_time_seconds;
+      CoordinatorHooks hooks;
+      hooks.rank_ready = [this](const std::string& name, OpKind kind, int r, Clock::time_point t) {
+        if (!timeline_.active()) return;
+        negotiation_start_.try_emplace(name, t, kind);
+        timeline_.rank_ready(name, r, t);
+      };
+      hooks.negotiated = [this](const std::string& name, Clock::time_point t) {
+        auto it = negotiation_start_.find(name);
+        if (it == negotiation_start_.end()) return;
+        if (timeline_.active())
+          timeline_.span(name, fmt::format("NEGOTIATE_{}", upper(to_string(it->second.second))),
+                         it->second.first, t);
+        negotiation_start_.erase(it);
+      };
+      hooks.stall_warning = [this](const std::string& report) {
+        log(LogLevel::warning, "{}", report);
+      };
+      coordinator_.emplace(o, std::move(hooks));
+      if (!config.timeline_path.empty())
+        timeline_.start(config.timeline_path, config.timeline_max_bytes, config.timeline_mark_cycles);
+    }
+    HostBackend::Options ho;
+    ho.comm = data_;
+    ho.chunk_bytes = config.mpi_chunk_bytes;
+    ho.pipeline = config.fusion_pipeline;
+    ho.timeline = rank_ == 0 ? &timeline_ : nullptr;
+    ho.stats = &backend_stats_;
+    host_ = std::make_unique<HostBackend>(ho);
+    thread_ = std::thread([this] { run(); });
+    if (config.op_timeout_seconds > 0) watchdog_ = std::thread([this] { watchdog(); });
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  ~Engine() {
+    if (thread_.joinable()) {
+      // Destroyed without shutdown(): stop locally without the collective protocol.
+      {
+        std::lock_guard lock(mutex_);
+        abandon_ = true;
+      }
+      cv_.notify_all();
+      thread_.join();
+    }
+    stop_watchdog();
+    timeline_.stop();
+    MPI_Comm_free(&control_);
+    MPI_Comm_free(&data_);
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const Config& config() const noexcept { return config_; }
+
+  std::string generate_name(OpKind kind) {
+    return fmt::format("{}.{}", to_string(kind),
+                       name_counters_[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed));
+  }
+
+  // Enqueues ops; the engine thread picks them up at once. All or nothing: throws, submitting
+  // none, for a duplicate in-flight name or when the engine has stopped.
+  void submit_all(std::vector<std::shared_ptr<Entry>> entries) {
+    {
+      std::lock_guard lock(mutex_);
+      throw_if_stopped();
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        const auto& q = entries[i]->request;
+        if (q.kind == OpKind::join) {
+          if (join_entry_) throw InvalidArgumentError("dtrain: join() is already in flight on this rank");
+          continue;
+        }
+        bool repeated = in_flight_.contains(q.name);
+        for (std::size_t j = 0; j < i && !repeated; ++j) repeated = entries[j]->request.name == q.name;
+        if (repeated)
+          throw InvalidArgumentError(fmt::format(
+              "dtrain: an op named '{}' is already in flight on rank {}: names must be unique "
+              "among in-flight ops (wait for the first one, or give the second a different name)",
+              q.name, rank_));
+      }
+      const auto now = Clock::now();
+      for (auto& e : entries) {
+        e->submitted = now;
+        if (e->request.kind == OpKind::join) join_entry_ = e;
+        else in_flight_.emplace(e->request.name, e);
+        incoming_.push_back(std::move(e));
+      }
+    }
+    cv_.notify_one();
+  }
+  void submit(std::shared_ptr<Entry> e) {
+    std::vector<std::shared_ptr<Entry>> one;
+    one.push_back(std::move(e));
+    submit_all(std::move(one));
+  }
+
+  // Collective: returns once every rank has called it (or the engine has failed).
+  void shutdown() {
+    {
+      std::lock_guard lock(mutex_);
+      shutdown_requested_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    stop_watchdog();
+    timeline_.stop();
+  }
+
+  void start_timeline(const std::string& path) {
+    if (rank_ == 0)
+      timeline_.start(path, config_.timeline_max_bytes, config_.timeline_mark_cycles);
+  }
+  void stop_timeline() { timeline_.stop(); }
+
+  EngineStats stats() const {
+    EngineStats s;
+    s.collectives = backend_stats_.collectives.load();
+    s.fused_collectives = backend_stats_.fused_collectives.load();
+    s.bytes_reduced = backend_stats_.bytes_reduced.load();
+    s.buffer_allocations = host_->buffer_allocations();
+    s.cache_ids_sent = cache_ids_sent_.load();
+    s.requests_sent = requests_sent_.load();
+    std::lock_guard lock(coordinator_stats_mutex_);
+    s.responses = coordinator_stats_.responses;
+    s.fused_tensors = coordinator_stats_.fused_tensors;
+    s.cache_hits = coordinator_stats_.cache_hits;
+    s.stall_warnings = coordinator_stats_.stall_warnings;
+    return s;
+  }
+
+ private:
+  static std::string upper(std::string_view s) {
+    std::string out(s);
+    for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return out;
+  }
+
+  void throw_if_stopped() const {
+    if (!fatal_.empty()) throw ShutdownError(fatal_);
+    if (shutdown_requested_)
+      throw ShutdownError(fmt::format("dtrain: rank {} has called dtrain::shutdown(); no new ops "
+                                      "can be submitted on it", rank_));
+  }
+
+  // ---- the engine thread ----------------------------------------------------------------------
+
+  void run() {
+    try {
+      loop();
+    } catch (const std::exception& ex) {
+      fail_everything(fmt::format("dtrain: the engine on rank {} failed: {}", rank_, ex.what()));
+    }
+    drain_sends();
+  }
+
+  void loop() {
+    auto last_progress = Clock::now();
+    while (true) {
+      std::vector<std::shared_ptr<Entry>> fresh;
+      bool send_shutdown = false;
+      {
+        std::lock_guard lock(mutex_);
+        if (abandon_) return;
+        fresh.swap(incoming_);
+        if (shutdown_requested_ && !shutdown_sent_) send_shutdown = shutdown_sent_ = true;
+      }
+      bool progressed = false;
+      if (!fresh.empty() || send_shutdown) {
+        send_requests(fresh, send_shutdown);
+        progressed = true;
+      }
+      if (coordinator_) {
+        progressed |= receive_requests();
+        if (auto msg = coordinator_->poll(Clock::now())) {
+          {
+            std::lock_guard lock(coordinator_stats_mutex_);
+            coordinator_stats_ = coordinator_->stats();
+          }
+          timeline_.cycle_mark(Clock::now());
+          auto bytes = std::make_shared<std::vector<char>>(encode(*msg));
+          for (int r = 1; r < size_; ++r) isend(bytes, r, kResponseTag);
+          if (apply(*msg)) return;
+          progressed = true;
+        }
+      } else if (auto msg = receive_response()) {
+        if (apply(*msg)) return;
+        progressed = true;
+      }
+      progress_sends();
+      const auto now = Clock::now();
+      if (progressed) {
+        last_progress = now;
+        continue;
+      }
+      wait_for_work(now - last_progress);
+    }
+  }
+
+  bool awaiting_peers() {
+    std::lock_guard lock(mutex_);
+    return !in_flight_.empty() || join_entry_ || shutdown_sent_ || !sends_.empty() ||
+           (coordinator_ && coordinator_->has_pending());
+  }
+
+  void wait_for_work(Clock::duration idle_for) {
+    using namespace std::chrono_literals;
+    const bool awaiting = awaiting_peers();
+    if (awaiting && idle_for < 50us) return;  // hot poll: small ops complete within this window
+    if (awaiting && idle_for < 2ms) {
+      std::this_thread::yield();
+      return;
+    }
+    Clock::duration limit = awaiting ? Clock::duration(1ms) : Clock::duration(1s);
+    if (coordinator_)
+      if (auto d = coordinator_->next_deadline())
+        limit = std::min(limit, std::max<Clock::duration>(*d - Clock::now(), 0us));
+    std::unique_lock lock(mutex_);
+    auto wake = [&] { return !incoming_.empty() || abandon_ || (shutdown_requested_ && !shutdown_sent_); };
+    if (!awaiting && !coordinator_) {
+      cv_.wait(lock, wake);  // nothing in flight: nothing can arrive for this rank
+    } else {
+      cv_.wait_for(lock, limit, wake);
+    }
+  }
+
+  void send_requests(const std::vector<std::shared_ptr<Entry>>& fresh, bool shutdown) {
+    RequestMessage m;
+    m.rank = rank_;
+    m.responses_applied = responses_applied_;
+    m.shutdown = shutdown;
+    for (const auto& e : fresh) {
+      const Request& q = e->request;
+      auto it = mirror_.find(q.name);
+      if (it != mirror_.end() && it->second.second.same_metadata(q)) {
+        m.cached.push_back(it->second.first);
+        cache_ids_sent_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        m.requests.push_back(q);
+      }
+      requests_sent_.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (coordinator_) {
+      coordinator_->on_message(m, Clock::now());
+    } else {
+      isend(std::make_shared<std::vector<char>>(encode(m)), 0, kRequestTag);
+    }
+  }
+
+  bool receive_requests() {
+    bool any = false;
+    while (true) {
+      int flag = 0;
+      MPI_Message handle;
+      MPI_Status status;
+      mpi_check(MPI_Improbe(MPI_ANY_SOURCE, kRequestTag, control_, &flag, &handle, &status),
+                "MPI_Improbe");
+      if (!flag) return any;
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      recv_buffer_.resize(static_cast<std::size_t>(count));
+      mpi_check(MPI_Mrecv(recv_buffer_.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE),
+                "MPI_Mrecv");
+      coordinator_->on_message(decode<RequestMessage>(recv_buffer_), Clock::now());
+      any = true;
+    }
+  }
+
+  std::optional<ResponseMessage> receive_response() {
+    int flag = 0;
+    MPI_Message handle;
+    MPI_Status status;
+    mpi_check(MPI_Improbe(0, kResponseTag, control_, &flag, &handle, &status), "MPI_Improbe");
+    if (!flag) return std::nullopt;
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    recv_buffer_.resize(static_cast<std::size_t>(count));
+    mpi_check(MPI_Mrecv(recv_buffer_.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE),
+              "MPI_Mrecv");
+    return decode<ResponseMessage>(recv_buffer_);
+  }
+
+  void isend(std::shared_ptr<std::vector<char>> bytes, int to, int tag) {
+    MPI_Request req;
+    mpi_check(MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, to, tag, control_,
+                        &req),
+              "MPI_Isend");
+    std::lock_guard lock(mutex_);
+    sends_.push_back({req, std::move(bytes)});
+  }
+
+  void progress_sends() {
+    std::lock_guard lock(mutex_);
+    std::erase_if(sends_, [](Send& s) {
+      int done = 0;
+      MPI_Test(&s.request, &done, MPI_STATUS_IGNORE);
+      return done != 0;
+    });
+  }
+
+  void drain_sends() {
+    // Control messages are small and already matched or buffered by the peer's probe; give them a
+    // bounded time to complete, then let them go.
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (Clock::now() < deadline) {
+      progress_sends();
+      std::lock_guard lock(mutex_);
+      if (sends_.empty()) return;
+    }
+    std::lock_guard lock(mutex_);
+    for (auto& s : sends_) MPI_Request_free(&s.request);
+    sends_.clear();
+  }
+
+  // Applies one message from the coordinator. Returns true when the engine must stop.
+  bool apply(const ResponseMessage& msg) {
+    const auto arrival = Clock::now();
+    responses_applied_ = msg.seq;
+    for (const auto& ins : msg.cache_inserts) {
+      std::lock_guard lock(mutex_);
+      auto it = in_flight_.find(ins.name);
+      if (it == in_flight_.end()) continue;  // a rank that joined has nothing to remember
+      mirror_[ins.name] = {ins.id, it->second->request};
+      mirror_names_[ins.id] = ins.name;
+    }
+    for (auto id : msg.cache_evictions) {
+      auto it = mirror_names_.find(id);
+      if (it == mirror_names_.end()) continue;
+      if (auto m = mirror_.find(it->second); m != mirror_.end() && m->second.first == id)
+        mirror_.erase(m);
+      mirror_names_.erase(it);
+    }
+    if (!msg.fatal.empty()) {
+      fail_everything(msg.fatal);
+      return true;
+    }
+    for (const auto& r : msg.responses) execute(r, arrival);
+    return msg.shutdown_complete;
+  }
+
+  std::shared_ptr<Entry> take(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    auto it = in_flight_.find(name);
+    if (it == in_flight_.end()) return nullptr;
+    auto e = it->second;
+    in_flight_.erase(it);
+    return e;
+  }
+
+  static std::exception_ptr make_error(ErrorKind kind, const std::string& what) {
+    switch (kind) {
+      case ErrorKind::mismatch: return std::make_exception_ptr(MismatchError(what));
+      case ErrorKind::invalid_argument: return std::make_exception_ptr(InvalidArgumentError(what));
+      case ErrorKind::timeout: return std::make_exception_ptr(TimeoutError(what));
+      case ErrorKind::shutdown:
+      case ErrorKind::none: break;
+    }
+    return std::make_exception_ptr(ShutdownError(what));
+  }
+
+  void execute(const Response& r, Clock::time_point arrival) {
+    if (r.kind == OpKind::join && r.error == ErrorKind::none) {
+      std::shared_ptr<Entry> j;
+      {
+        std::lock_guard lock(mutex_);
+        j = std::move(join_entry_);
+      }
+      if (j) {
+        j->state->int_result = r.last_joined_rank;
+        j->state->complete();
+      }
+      return;
+    }
+    std::vector<std::shared_ptr<Entry>> owned;
+    owned.reserve(r.names.size());
+    for (const auto& name : r.names) owned.push_back(take(name));
+    if (r.error != ErrorKind::none) {
+      for (auto& e : owned)
+        if (e) e->state->complete(make_error(r.error, r.error_message));
+      return;
+    }
+    entries_.clear();
+    for (auto& e : owned) entries_.push_back(e.get());
+    Backend* backend = host_.get();
+    if (r.device.is_cuda()) backend = device_backend();
+    {
+      std::lock_guard lock(exec_mutex_);
+      executing_ = r.names.empty() ? std::string() : r.names.front();
+      exec_started_ = Clock::now();
+      exec_owned_ = &owned;
+    }
+    try {
+      host_->set_response_arrival(arrival);
+      backend->execute(r, entries_);
+    } catch (const std::exception& ex) {
+      // The peers are inside (or past) the same collective; this rank cannot rejoin it, and
+      // returning would leave them blocked. Fail loudly instead of hanging the job.
+      const std::string what = fmt::format(
+          "dtrain: rank {} failed while executing {} '{}': {}. The other ranks are inside the same "
+          "collective and cannot be released; aborting the job.",
+          rank_, to_string(r.kind), r.names.empty() ? "" : r.names.front(), ex.what());
+      log(LogLevel::fatal, "{}", what);
+      for (auto& e : owned)
+        if (e) e->state->complete(std::make_exception_ptr(CommunicationError(what)));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    {
+      std::lock_guard lock(exec_mutex_);
+      executing_.clear();
+      exec_owned_ = nullptr;
+    }
+    for (auto& e : owned)
+      if (e) e->state->complete();
+  }
+
+  Backend* device_backend() {
+    if (!device_) {
+      auto factory = device_backend_factory();
+      if (!factory)
+        throw InvalidArgumentError("dtrain: a device (CUDA) tensor reached the engine, but this "
+                                   "program was built without dtrain's CUDA support: include "
+                                   "<dtrain/cuda.hpp> and link dtrain::cuda");
+      device_ = factory(config_, data_, &backend_stats_);
+    }
+    return device_.get();
+  }
+
+  void fail_everything(const std::string& why) {
+    std::vector<std::shared_ptr<Entry>> victims;
+    {
+      std::lock_guard lock(mutex_);
+      if (fatal_.empty()) fatal_ = why;
+      for (auto& [name, e] : in_flight_) victims.push_back(e);
+      in_flight_.clear();
+      for (auto& e : incoming_) victims.push_back(e);
+      incoming_.clear();
+      if (join_entry_) victims.push_back(std::move(join_entry_));
+    }
+    log(LogLevel::error, "{}", why);
+    for (auto& e : victims) e->state->complete(std::make_exception_ptr(ShutdownError(why)));
+  }
+
+  // ---- per-op deadline --------------------------------------------------------------------------
+
+  // Wakes periodically (never per op, so it costs nothing on the hot path) and aborts the job when
+  // one collective has been running longer than DTRAIN_OP_TIMEOUT_SECONDS.
+  void watchdog() {
+    const auto timeout = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(config_.op_timeout_seconds));
+    const auto period = std::min<Clock::duration>(std::chrono::seconds(1), timeout / 4);
+    std::unique_lock lock(exec_mutex_);
+    while (!exec_cv_.wait_for(lock, period, [&] { return watchdog_stop_; })) {
+      if (executing_.empty() || Clock::now() - exec_started_ < timeout) continue;
+      const std::string what = fmt::format(
+          "dtrain: op '{}' on rank {} did not complete within {} s (DTRAIN_OP_TIMEOUT_SECONDS) "
+          "after every rank had submitted it: a peer rank died, hangs, or its engine is blocked. "
+          "MPI cannot cancel a collective, so the job is aborted.",
+          executing_, rank_, config_.op_timeout_seconds);
+      if (exec_owned_)
+        for (auto& e : *exec_owned_)
+          if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
+      log(LogLevel::fatal, "{}", what);
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // let waiters report the error
+      MPI_Abort(MPI_COMM_WORLD, 3);
+      return;
+    }
+  }
+
+  void stop_watchdog() {
+    if (!watchdog_.joinable()) return;
+    {
+      std::lock_guard lock(exec_mutex_);
+      watchdog_stop_ = true;
+    }
+    exec_cv_.notify_all();
+    watchdog_.join();
+  }
+
+  struct Send {
+    MPI_Request request;
+    std::shared_ptr<std::vector<char>> bytes;
+  };
+
+  Config config_;
+  MPI_Comm control_ = MPI_COMM_NULL;
+  MPI_Comm data_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+
+  std::mutex mutex_;  // guards everything the user threads touch
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<Entry>> incoming_;
+  std::unordered_map<std::string, std::shared_ptr<Entry>> in_flight_;
+  std::shared_ptr<Entry> join_entry_;
+  std::vector<Send> sends_;
+  bool shutdown_requested_ = false;
+  bool shutdown_sent_ = false;
+  bool abandon_ = false;
+  std::string fatal_;
+
+  std::optional<Coordinator> coordinator_;
+  mutable std::mutex coordinator_stats_mutex_;
+  CoordinatorStats coordinator_stats_;
+  std::unordered_map<std::string, std::pair<Clock::time_point, OpKind>> negotiation_start_;
+  Timeline timeline_;
+
+  std::unordered_map<std::string, std::pair<std::uint64_t, Request>> mirror_;
+  std::unordered_map<std::uint64_t, std::string> mirror_names_;
+  std::uint64_t responses_applied_ = 0;
+  std::vector<char> recv_buffer_;
+  std::vector<Entry*> entries_;
+
+  BackendStats backend_stats_;
+  std::unique_ptr<HostBackend> host_;
+  std::unique_ptr<Backend> device_;
+  std::array<std::atomic<std::uint64_t>, 7> name_counters_{};
+  std::atomic<std::uint64_t> cache_ids_sent_{0};
+  std::atomic<std::uint64_t> requests_sent_{0};
+
+  std::mutex exec_mutex_;
+  std::condition_variable exec_cv_;
+  std::string executing_;
+  Clock::time_point exec_started_;
+  std::vector<std::shared_ptr<Entry>>* exec_owned_ = nullptr;
+  bool watchdog_stop_ = false;
+
+  std::thread thread_;
+  std::thread watchdog_;
+};
+
+}  // namespace detail
+}  // namespace dtrain

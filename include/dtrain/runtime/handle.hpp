@@ -1,0 +1,126 @@
+#pragma once
+// Handles to in-flight ops. The engine completes an OpState exactly once (the first completion
+// wins, so a deadline watchdog and a late MPI return cannot race); waiters block on a condition
+// variable after a short spin, so a waiting caller does not burn a core.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+namespace detail {
+
+class OpState {
+ public:
+  // Returns false if the op had already completed.
+  bool complete(std::exception_ptr error = nullptr) noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_.load(std::memory_order_relaxed)) return false;
+      error_ = error;
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+    if (then) then(error);
+    return true;
+  }
+  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+
+  void wait() {
+    // A short spin catches ops that complete within microseconds (small allreduces) without the
+    // cost of a sleep/wake pair; then block.
+    for (int i = 0; i < 2000 && !done(); ++i) {
+      if (i > 200) std::this_thread::yield();
+    }
+    if (!done()) {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return done(); });
+    }
+    rethrow();
+  }
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> d) {
+    std::unique_lock lock(mutex_);
+    if (!cv_.wait_for(lock, d, [&] { return done(); })) return false;
+    lock.unlock();
+    rethrow();
+    return true;
+  }
+  void rethrow() const {
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  std::int64_t int_result = 0;  // join: the last rank to join
+  // Runs once on completion, on the completing thread (set before the op is submitted).
+  std::function<void(std::exception_ptr)> then;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;
+};
+
+}  // namespace detail
+
+// Handle to an async op. `wait()` blocks until the op completes and rethrows its error;
+// `poll()` tells without blocking; `wait_for(d)` returns false if the op is still running after d.
+// Buffers passed to the op must stay alive and untouched until it completes.
+class Handle {
+ public:
+  Handle() = default;
+  explicit Handle(std::shared_ptr<detail::OpState> s) : state_(std::move(s)) {}
+
+  bool valid() const noexcept { return state_ != nullptr; }
+  bool poll() const {
+    check();
+    return state_->done();
+  }
+  void wait() const {
+    check();
+    state_->wait();
+  }
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> d) const {
+    check();
+    return state_->wait_for(d);
+  }
+
+ protected:
+  void check() const {
+    if (!state_) throw InvalidArgumentError("dtrain: Handle is empty (default-constructed or moved-from)");
+  }
+  std::shared_ptr<detail::OpState> state_;
+};
+
+// Handle to an op that produces a value (allgather, alltoall, reducescatter, join).
+template <class R>
+class ResultHandle : public Handle {
+ public:
+  ResultHandle() = default;
+  ResultHandle(std::shared_ptr<detail::OpState> s, std::shared_ptr<std::optional<R>> slot)
+      : Handle(std::move(s)), slot_(std::move(slot)) {}
+
+  // Waits, then moves the result out (call once).
+  R get() {
+    wait();
+    if (!slot_ || !slot_->has_value())
+      throw InvalidArgumentError("dtrain: ResultHandle::get() called twice or on an empty handle");
+    R out = std::move(**slot_);
+    slot_->reset();
+    return out;
+  }
+
+ private:
+  std::shared_ptr<std::optional<R>> slot_;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,233 @@
+#pragma once
+// Executes responses on host memory over MPI (the data communicator, separate from the control
+// communicator the engine negotiates on).
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/host_collectives.hpp"
+#include "dtrain/runtime/entry.hpp"
+#include "dtrain/runtime/fusion_buffer.hpp"
+#include "dtrain/runtime/fusion_pipeline.hpp"
+#include "dtrain/runtime/timeline.hpp"
+
+namespace dtrain::detail {
+
+struct BackendStats {
+  std::atomic<std::uint64_t> collectives{0};      // data collectives executed (fused count as one)
+  std::atomic<std::uint64_t> fused_collectives{0};
+  std::atomic<std::uint64_t> bytes_reduced{0};
+  std::atomic<std::uint64_t> buffer_allocations{0};
+};
+
+// Average becomes Sum with the division folded into the postscale.
+inline double effective_postscale(const Response& r) {
+  return r.reduce_op == ReduceOp::Average ? r.postscale / std::max(1, r.active_ranks) : r.postscale;
+}
+inline ReduceOp effective_op(const Response& r) {
+  return r.reduce_op == ReduceOp::Average ? ReduceOp::Sum : r.reduce_op;
+}
+
+class HostBackend final : public Backend {
+ public:
+  struct Options {
+    MPI_Comm comm = MPI_COMM_NULL;
+    std::int64_t chunk_bytes = 4 << 20;
+    bool pipeline = true;
+    Timeline* timeline = nullptr;  // non-null on the rank that writes the timeline
+    BackendStats* stats = nullptr;
+  };
+  explicit HostBackend(Options o) : opt_(o) {
+    MPI_Comm_rank(o.comm, &rank_);
+    MPI_Comm_size(o.comm, &size_);
+  }
+
+  void execute(const Response& r, std::span<Entry* const> entries) override {
+    const auto start = Clock::now();
+    if (timeline())
+      for (std::size_t i = 0; i < entries.size(); ++i)
+        if (entries[i]) opt_.timeline->span(r.names[i], "QUEUE", queued_since(entries[i], start), start);
+    switch (r.kind) {
+      case OpKind::allreduce: allreduce(r, entries); break;
+      case OpKind::allgather: allgather(r, entries[0]); break;
+      case OpKind::broadcast: broadcast(r, entries[0]); break;
+      case OpKind::alltoall: alltoall(r, entries[0]); break;
+      case OpKind::reducescatter: reducescatter(r, entries[0]); break;
+      case OpKind::barrier:
+      case OpKind::join: break;  // negotiation itself is the synchronization
+    }
+    opt_.stats->collectives.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  std::uint64_t buffer_allocations() const noexcept {
+    return fusion_.allocations() + scratch_.allocations();
+  }
+
+  // The time each entry's response arrived; set by the engine before execute().
+  void set_response_arrival(Clock::time_point t) noexcept { arrival_ = t; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  Timeline* timeline() const noexcept {
+    return opt_.timeline && opt_.timeline->active() ? opt_.timeline : nullptr;
+  }
+  Clock::time_point queued_since(const Entry*, Clock::time_point) const noexcept { return arrival_; }
+  std::int64_t chunk(DataType d) const noexcept { return chunk_elements(opt_.chunk_bytes, d); }
+
+  void allreduce(const Response& r, std::span<Entry* const> entries) {
+    const DataType dtype = r.dtype;
+    const ReduceOp op = effective_op(r);
+    const double post = effective_postscale(r);
+    const std::size_t es = element_size(dtype);
+    opt_.stats->bytes_reduced.fetch_add(static_cast<std::uint64_t>(r.total_numel()) * es,
+                                        std::memory_order_relaxed);
+    if (entries.size() == 1 && entries[0]) {
+      // A lone tensor is reduced in place: no copies into a fusion buffer.
+      Entry& e = *entries[0];
+      const std::int64_t n = r.numels[0];
+      auto t0 = Clock::now();
+      scale_in_place(dtype, e.data, n, r.prescale);
+      auto t1 = Clock::now();
+      host_allreduce(e.data, n, dtype, op, opt_.comm, chunk(dtype));
+      auto t2 = Clock::now();
+      scale_in_place(dtype, e.data, n, post);
+      if (auto* tl = timeline()) {
+        tl->span(r.names[0], "MPI_ALLREDUCE", t1, t2);
+        if (r.prescale != 1.0) tl->span(r.names[0], "SCALE_IN", t0, t1);
+        if (post != 1.0) tl->span(r.names[0], "SCALE_OUT", t2, Clock::now());
+      }
+      return;
+    }
+    FusedJob job;
+    job.dtype = dtype;
+    job.prescale = r.prescale;
+    job.postscale = post;
+    job.segments.reserve(entries.size());
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      FusedSegment s;
+      s.offset = offset;
+      s.numel = r.numels[i];
+      if (entries[i]) s.src = s.dst = entries[i]->data;
+      job.segments.push_back(s);
+      offset += s.numel;
+    }
+    job.total = offset;
+    job.piece = chunk(dtype);
+    job.buffer = fusion_.reserve(static_cast<std::size_t>(offset) * es);
+    const std::int64_t pieces = job.pieces();
+    auto t0 = Clock::now();
+    Clock::time_point reduce_begin = t0, reduce_end = t0;
+    pipeline_.run(job, [&](std::int64_t k) {
+      if (k == 0) reduce_begin = Clock::now();
+      const std::int64_t lo = k * job.piece, n = std::min(job.piece, job.total - lo);
+      host_allreduce(byte_ptr(job.buffer, lo, dtype), n, dtype, op, opt_.comm, job.piece);
+      if (k + 1 == pieces) reduce_end = Clock::now();
+    }, opt_.pipeline);
+    auto t3 = Clock::now();
+    opt_.stats->fused_collectives.fetch_add(1, std::memory_order_relaxed);
+    if (auto* tl = timeline()) {
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        if (!entries[i]) continue;
+        tl->span(r.names[i], "MEMCPY_IN_FUSION_BUFFER", t0, reduce_begin);
+        tl->span(r.names[i], "MPI_ALLREDUCE", reduce_begin, reduce_end);
+        tl->span(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", reduce_end, t3);
+      }
+    }
+  }
+
+  void allgather(const Response& r, Entry* e) {
+    std::int64_t row = 1;
+    for (std::size_t i = 1; i < r.shape.size(); ++i) row *= r.shape[i];
+    std::vector<std::int64_t> counts(r.rank_rows.size());
+    std::int64_t total_rows = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      counts[k] = r.rank_rows[k] * row;
+      total_rows += r.rank_rows[k];
+    }
+    Shape out_shape = r.shape.empty() ? Shape{total_rows} : r.shape;
+    out_shape[0] = total_rows;
+    const std::size_t es = element_size(r.dtype);
+    void* out = nullptr;
+    if (e) {
+      out = e->make_output(out_shape);
+    } else {
+      out = scratch_.reserve(static_cast<std::size_t>(total_rows * row) * es);
+    }
+    auto t0 = Clock::now();
+    host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype));
+    if (auto* tl = timeline(); tl && e) tl->span(r.names[0], "MPI_ALLGATHER", t0, Clock::now());
+  }
+
+  void broadcast(const Response& r, Entry* e) {
+    const std::int64_t n = r.numels[0];
+    void* buf = e ? e->data : scratch_.reserve(static_cast<std::size_t>(n) * element_size(r.dtype));
+    auto t0 = Clock::now();
+    host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype));
+    if (auto* tl = timeline(); tl && e) tl->span(r.names[0], "MPI_BCAST", t0, Clock::now());
+  }
+
+  void alltoall(const Response& r, Entry* e) {
+    // Joined ranks are rejected during negotiation, so every rank has its entry here.
+    std::int64_t row = 1;
+    for (std::size_t i = 1; i < e->request.shape.size(); ++i) row *= e->request.shape[i];
+    std::vector<std::int64_t> recv_rows(size_);
+    mpi_check(MPI_Alltoall(e->splits.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
+                           opt_.comm),
+              "MPI_Alltoall");
+    std::vector<std::int64_t> send_counts(size_), recv_counts(size_);
+    std::int64_t total_rows = 0;
+    for (int k = 0; k < size_; ++k) {
+      send_counts[k] = e->splits[k] * row;
+      recv_counts[k] = recv_rows[k] * row;
+      total_rows += recv_rows[k];
+    }
+    Shape out_shape = e->request.shape;
+    if (out_shape.empty()) out_shape.push_back(0);
+    out_shape[0] = total_rows;
+    void* out = e->make_output(out_shape);
+    auto t0 = Clock::now();
+    host_alltoallv(e->input, send_counts, out, recv_counts, r.dtype, opt_.comm, chunk(r.dtype));
+    if (auto* tl = timeline()) tl->span(r.names[0], "MPI_ALLTOALL", t0, Clock::now());
+    e->set_received_splits(std::move(recv_rows));
+  }
+
+  void reducescatter(const Response& r, Entry* e) {
+    const Shape& shape = e->request.shape;
+    const std::int64_t rows = shape.empty() ? 1 : shape[0];
+    std::int64_t row = 1;
+    for (std::size_t i = 1; i < shape.size(); ++i) row *= shape[i];
+    std::vector<std::int64_t> counts(size_);
+    for (int k = 0; k < size_; ++k)
+      counts[k] = (rows / size_ + (k < rows % size_ ? 1 : 0)) * row;
+    Shape out_shape = shape.empty() ? Shape{counts[rank_]} : shape;
+    out_shape[0] = counts[rank_] / std::max<std::int64_t>(row, 1);
+    if (row == 0) out_shape[0] = rows / size_ + (rank_ < rows % size_ ? 1 : 0);
+    void* out = e->make_output(out_shape);
+    const void* send = e->input;
+    if (r.prescale != 1.0) {
+      const std::int64_t n = rows * row;
+      void* tmp = scratch_.reserve(static_cast<std::size_t>(n) * element_size(r.dtype));
+      scale_copy(r.dtype, send, tmp, n, r.prescale);
+      send = tmp;
+    }
+    auto t0 = Clock::now();
+    host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype));
+    scale_in_place(r.dtype, out, counts[rank_], effective_postscale(r));
+    if (auto* tl = timeline()) tl->span(r.names[0], "MPI_REDUCESCATTER", t0, Clock::now());
+  }
+
+  Options opt_;
+  int rank_ = 0, size_ = 1;
+  HostBuffer fusion_;
+  HostBuffer scratch_;
+  FusionPipeline pipeline_;
+  Clock::time_point arrival_;
+};
+
+}  // namespace dtrain::detail

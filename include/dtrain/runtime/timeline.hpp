@@ -1,0 +1,191 @@
+#pragma once
+// Chrome-trace timeline (loads in Perfetto and chrome://tracing). Rank 0 writes it: it sees every
+// rank's readiness. The engine only appends events to a queue; a writer thread formats and writes
+// them, so the hot path never touches the file. The file is a JSON array that is closed properly
+// at stop/shutdown; once `max_bytes` is reached recording stops with a final marker event, so long
+// jobs cannot fill a disk.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::detail {
+
+class Timeline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Timeline() = default;
+  Timeline(const Timeline&) = delete;
+  Timeline& operator=(const Timeline&) = delete;
+  ~Timeline() { stop(); }
+
+  void start(const std::string& path, std::int64_t max_bytes, bool mark_cycles) {
+    stop();
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    if (!f)
+      throw InvalidArgumentError(fmt::format("dtrain: cannot open timeline file '{}' for writing "
+                                             "(DTRAIN_TIMELINE)", path));
+    std::lock_guard lock(mutex_);
+    file_ = f;
+    max_bytes_ = max_bytes;
+    mark_cycles_ = mark_cycles;
+    written_ = 0;
+    truncated_ = false;
+    first_event_ = true;
+    rows_.clear();
+    stopping_ = false;
+    active_ = true;
+    write_raw("[\n");
+    writer_ = std::thread([this] { writer_loop(); });
+  }
+
+  void stop() {
+    {
+      std::lock_guard lock(mutex_);
+      if (!active_) return;
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    writer_.join();
+    std::lock_guard lock(mutex_);
+    write_raw("\n]\n");
+    std::fclose(file_);
+    file_ = nullptr;
+    active_ = false;
+  }
+
+  bool active() const noexcept { return active_; }
+  bool mark_cycles() const noexcept { return mark_cycles_; }
+
+  // A complete phase ("X" event) on the row of tensor `name`.
+  void span(const std::string& name, std::string_view phase, Clock::time_point begin,
+            Clock::time_point end) {
+    push(Event{name, std::string(phase), begin, end, 'X', -1});
+  }
+  // A per-rank readiness tick during negotiation.
+  void rank_ready(const std::string& name, int rank, Clock::time_point when) {
+    push(Event{name, "READY_RANK_" + std::to_string(rank), when, when, 'i', rank});
+  }
+  void cycle_mark(Clock::time_point when) {
+    if (mark_cycles_) push(Event{"", "CYCLE_START", when, when, 'C', -1});
+  }
+
+ private:
+  struct Event {
+    std::string name;
+    std::string phase;
+    Clock::time_point begin, end;
+    char type;
+    int rank;
+  };
+
+  void push(Event e) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!active_ || truncated_) return;
+      queue_.push_back(std::move(e));
+    }
+    cv_.notify_one();
+  }
+
+  static std::string escape(const std::string& s) {
+    std::string out;
+    for (char c : s) {
+      if (c == '"' || c == '\\') out += '\\';
+      if (static_cast<unsigned char>(c) < 0x20) {
+        out += fmt::format("\\u{:04x}", static_cast<int>(c));
+        continue;
+      }
+      out += c;
+    }
+    return out;
+  }
+
+  double micros(Clock::time_point t) const {
+    return std::chrono::duration<double, std::micro>(t - origin_).count();
+  }
+
+  void write_raw(std::string_view s) {
+    std::fwrite(s.data(), 1, s.size(), file_);
+    written_ += static_cast<std::int64_t>(s.size());
+  }
+
+  void write_event(const std::string& json) {
+    if (!first_event_) write_raw(",\n");
+    first_event_ = false;
+    write_raw(json);
+  }
+
+  void format(const Event& e) {
+    int tid = 0;
+    if (!e.name.empty()) {
+      auto [it, inserted] = rows_.try_emplace(e.name, static_cast<int>(rows_.size()) + 1);
+      tid = it->second;
+      if (inserted)
+        write_event(fmt::format(R"({{"name":"thread_name","ph":"M","pid":0,"tid":{},"args":{{"name":"{}"}}}})",
+                                tid, escape(e.name)));
+    }
+    if (e.type == 'X') {
+      write_event(fmt::format(R"({{"name":"{}","ph":"X","pid":0,"tid":{},"ts":{:.3f},"dur":{:.3f}}})",
+                              e.phase, tid, micros(e.begin), micros(e.end) - micros(e.begin)));
+    } else if (e.type == 'i') {
+      write_event(fmt::format(R"({{"name":"{}","ph":"i","s":"t","pid":0,"tid":{},"ts":{:.3f},"args":{{"rank":{}}}}})",
+                              e.phase, tid, micros(e.begin), e.rank));
+    } else {
+      write_event(fmt::format(R"({{"name":"{}","ph":"i","s":"g","pid":0,"tid":0,"ts":{:.3f}}})",
+                              e.phase, micros(e.begin)));
+    }
+  }
+
+  void writer_loop() {
+    std::deque<Event> batch;
+    std::unique_lock lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      batch.swap(queue_);
+      const bool stopping = stopping_;
+      lock.unlock();  // format and write without blocking the engine's push()
+      for (const Event& e : batch) {
+        if (truncated_) break;
+        format(e);
+        if (max_bytes_ > 0 && written_ >= max_bytes_) {
+          truncated_ = true;
+          write_event(fmt::format(R"({{"name":"TIMELINE_TRUNCATED","ph":"i","s":"g","pid":0,"tid":0,"ts":{:.3f},"args":{{"max_bytes":{}}}}})",
+                                  micros(Clock::now()), max_bytes_));
+        }
+      }
+      batch.clear();
+      lock.lock();
+      if (stopping && queue_.empty()) break;
+    }
+    std::fflush(file_);
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Event> queue_;
+  std::thread writer_;
+  std::FILE* file_ = nullptr;
+  std::unordered_map<std::string, int> rows_;
+  Clock::time_point origin_ = Clock::now();
+  std::int64_t max_bytes_ = 0;
+  std::int64_t written_ = 0;
+  bool mark_cycles_ = false;
+  std::atomic<bool> truncated_{false};
+  bool first_event_ = true;
+  bool stopping_ = false;
+  std::atomic<bool> active_{false};
+};
+
+}  // namespace dtrain::detail
