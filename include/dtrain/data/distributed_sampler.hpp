@@ -1,0 +1,131 @@
+#pragma once
+// Splits a dataset of indexed samples across data-parallel replicas, PyTorch-style.
+//
+// Note [Equal steps on every rank]
+// In synchronous data-parallel training every optimizer step runs collectives (gradient
+// allreduce) that all ranks must enter. If one rank's shard had one batch more than another's,
+// that rank would enter an allreduce for a step the others never take and wait forever: the
+// classic end-of-epoch deadlock. So size() and num_batches() are the same on every rank by
+// construction: without drop_last the shuffled index list is padded by wrapping around to
+// ceil(N/R)*R entries (a few samples are seen twice per epoch), with drop_last it is cut to
+// floor(N/R)*R (a few samples are skipped this epoch). Shards are strided over that list
+// (rank, rank+R, ...), so they are disjoint apart from the padding and, without drop_last,
+// together cover the dataset.
+//
+// Every rank must construct the sampler with the same dataset_size, shuffle, seed and drop_last
+// and call set_epoch() with the same epoch; the order is then identical everywhere
+// (Note [Portable shuffling] in permutation.hpp).
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/data/permutation.hpp"
+
+namespace dtrain {
+
+class DistributedSampler {
+ public:
+  DistributedSampler(std::int64_t dataset_size, std::int64_t num_replicas, std::int64_t rank,
+                     bool shuffle = true, std::uint64_t seed = 0, bool drop_last = false)
+      : dataset_size_(dataset_size),
+        num_replicas_(num_replicas),
+        rank_(rank),
+        shuffle_(shuffle),
+        seed_(seed),
+        drop_last_(drop_last) {
+    if (dataset_size < 0) {
+      throw InvalidArgumentError(fmt::format(
+          "DistributedSampler: dataset_size must be >= 0, got {}", dataset_size));
+    }
+    if (num_replicas <= 0) {
+      throw InvalidArgumentError(fmt::format(
+          "DistributedSampler: num_replicas must be >= 1, got {} (pass the world size, "
+          "e.g. dtrain::size())",
+          num_replicas));
+    }
+    if (rank < 0 || rank >= num_replicas) {
+      throw InvalidArgumentError(fmt::format(
+          "DistributedSampler: rank must be in [0, num_replicas) = [0, {}), got {}",
+          num_replicas, rank));
+    }
+    if (drop_last) {
+      num_samples_ = dataset_size / num_replicas;
+    } else {
+      // ceil(N/R) * R must fit in int64 so the padded list can be indexed.
+      num_samples_ = dataset_size / num_replicas + (dataset_size % num_replicas != 0 ? 1 : 0);
+      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / num_replicas) {
+        throw InvalidArgumentError(fmt::format(
+            "DistributedSampler: dataset_size {} padded to a multiple of num_replicas {} "
+            "overflows int64",
+            dataset_size, num_replicas));
+      }
+    }
+  }
+
+  // Selects the epoch's order. Call it at the start of every epoch with the same value on every
+  // rank; without it every epoch repeats epoch 0's order.
+  void set_epoch(std::int64_t epoch) {
+    if (epoch < 0) {
+      throw InvalidArgumentError(
+          fmt::format("DistributedSampler::set_epoch: epoch must be >= 0, got {}", epoch));
+    }
+    epoch_ = epoch;
+  }
+
+  std::int64_t epoch() const noexcept { return epoch_; }
+
+  // Samples per rank per epoch; the same on every rank.
+  std::int64_t size() const noexcept { return num_samples_; }
+
+  std::int64_t dataset_size() const noexcept { return dataset_size_; }
+  std::int64_t num_replicas() const noexcept { return num_replicas_; }
+  std::int64_t rank() const noexcept { return rank_; }
+  bool shuffle() const noexcept { return shuffle_; }
+  std::uint64_t seed() const noexcept { return seed_; }
+  bool drop_last() const noexcept { return drop_last_; }
+
+  // This rank's sample indices for the current epoch, size() of them.
+  std::vector<std::int64_t> indices() const {
+    std::vector<std::int64_t> order;
+    if (shuffle_) {
+      auto engine = detail::make_engine(seed_, epoch_);
+      order = detail::random_permutation(dataset_size_, engine);
+    } else {
+      order = detail::identity_permutation(dataset_size_);
+    }
+    // Position p of the padded (or truncated) global list is order[p mod N]; only this rank's
+    // positions rank, rank+R, ... are materialized.
+    std::vector<std::int64_t> mine;
+    mine.reserve(static_cast<std::size_t>(num_samples_));
+    for (std::int64_t k = 0; k < num_samples_; ++k) {
+      const std::int64_t position = rank_ + k * num_replicas_;
+      mine.push_back(order[static_cast<std::size_t>(position % dataset_size_)]);
+    }
+    return mine;
+  }
+
+  // Batches per rank per epoch for a given per-rank batch size; the same on every rank.
+  std::int64_t num_batches(std::int64_t batch_size, bool drop_last_batch) const {
+    if (batch_size <= 0) {
+      throw InvalidArgumentError(fmt::format(
+          "DistributedSampler::num_batches: batch_size must be >= 1, got {}", batch_size));
+    }
+    if (drop_last_batch) return num_samples_ / batch_size;
+    return num_samples_ / batch_size + (num_samples_ % batch_size != 0 ? 1 : 0);
+  }
+
+ private:
+  std::int64_t dataset_size_;
+  std::int64_t num_replicas_;
+  std::int64_t rank_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  bool drop_last_;
+  std::int64_t num_samples_ = 0;
+  std::int64_t epoch_ = 0;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,134 @@
+#pragma once
+// Assigns whole files (record shards, tar archives) to data-parallel ranks for datasets that are
+// read file by file rather than indexed sample by sample.
+//
+// Every shard gets the same number of files (Note [Equal steps on every rank] in
+// distributed_sampler.hpp): the list is padded by wrapping around, so with 10 files and 4 shards
+// two files are read twice per epoch. Equal file counts give equal step counts only when files
+// hold equal numbers of samples; otherwise bound the steps per epoch explicitly.
+// Assignment is the DistributedSampler's over file positions, so it is deterministic and
+// identical on every rank given the same list, seed and epoch. The directory overload sorts the
+// names because directory iteration order differs between hosts and file systems.
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/data/distributed_sampler.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+// Glob match of a whole file name: '*' matches any run of characters, '?' exactly one; every
+// other character matches itself. Iterative with one backtrack point, so it is linear-ish and
+// cannot blow up on patterns like "*a*a*a*b".
+inline bool glob_match(std::string_view pattern, std::string_view name) {
+  std::size_t p = 0;
+  std::size_t n = 0;
+  std::size_t star = std::string_view::npos;
+  std::size_t star_n = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      star_n = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++star_n;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace detail
+
+// This shard's files for the epoch: ceil(files / num_shards) of them, the same count on every
+// shard. Pass the same list (same order) on every rank.
+inline std::vector<std::string> shard_files(const std::vector<std::string>& files,
+                                            std::int64_t num_shards, std::int64_t shard_index,
+                                            bool shuffle = true, std::uint64_t seed = 0,
+                                            std::int64_t epoch = 0) {
+  if (files.empty()) {
+    throw InvalidArgumentError(
+        "shard_files: files is empty; there is nothing to give each of the shards. Check the "
+        "dataset path and file pattern");
+  }
+  if (num_shards <= 0) {
+    throw InvalidArgumentError(fmt::format(
+        "shard_files: num_shards must be >= 1, got {} (pass the world size, e.g. dtrain::size())",
+        num_shards));
+  }
+  if (shard_index < 0 || shard_index >= num_shards) {
+    throw InvalidArgumentError(fmt::format(
+        "shard_files: shard_index must be in [0, num_shards) = [0, {}), got {}", num_shards,
+        shard_index));
+  }
+  if (epoch < 0) {
+    throw InvalidArgumentError(fmt::format("shard_files: epoch must be >= 0, got {}", epoch));
+  }
+  DistributedSampler sampler(static_cast<std::int64_t>(files.size()), num_shards, shard_index,
+                             shuffle, seed, /*drop_last=*/false);
+  sampler.set_epoch(epoch);
+  std::vector<std::string> mine;
+  for (const std::int64_t i : sampler.indices()) {
+    mine.push_back(files[static_cast<std::size_t>(i)]);
+  }
+  return mine;
+}
+
+// Regular files directly inside dir whose name matches pattern ("*.tfrecord", "train-??.tar",
+// "*" for all), sorted by name, as paths that start with dir.
+inline std::vector<std::string> list_files(const std::filesystem::path& dir,
+                                           std::string_view pattern = "*") {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InvalidArgumentError(fmt::format("list_files: '{}' is not a readable directory{}",
+                                           dir.string(), ec ? ": " + ec.message() : ""));
+  }
+  std::vector<std::string> names;
+  std::filesystem::directory_iterator it(dir, ec);
+  const std::filesystem::directory_iterator end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec)) continue;
+    const std::string name = it->path().filename().string();
+    if (detail::glob_match(pattern, name)) names.push_back(name);
+  }
+  if (ec) {
+    throw InvalidArgumentError(
+        fmt::format("list_files: cannot list '{}': {}", dir.string(), ec.message()));
+  }
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> paths;
+  paths.reserve(names.size());
+  for (const auto& name : names) paths.push_back((dir / name).string());
+  return paths;
+}
+
+// The files in dir matching pattern, sorted by name, then sharded as above.
+inline std::vector<std::string> shard_files(const std::filesystem::path& dir,
+                                            std::string_view pattern, std::int64_t num_shards,
+                                            std::int64_t shard_index, bool shuffle = true,
+                                            std::uint64_t seed = 0, std::int64_t epoch = 0) {
+  const std::vector<std::string> files = list_files(dir, pattern);
+  if (files.empty()) {
+    throw InvalidArgumentError(fmt::format(
+        "shard_files: no regular file in '{}' matches '{}'; check the directory and the pattern",
+        dir.string(), pattern));
+  }
+  return shard_files(files, num_shards, shard_index, shuffle, seed, epoch);
+}
+
+}  // namespace dtrain

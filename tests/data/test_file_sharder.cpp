@@ -1,0 +1,160 @@
+#include "dtrain/data/file_sharder.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Files = std::vector<std::string>;
+
+Files numbered(int n) {
+  Files files;
+  for (int i = 0; i < n; ++i) files.push_back("part-" + std::to_string(i) + ".rec");
+  return files;
+}
+
+std::string message_of(const auto& call) {
+  try {
+    call();
+  } catch (const dtrain::InvalidArgumentError& e) {
+    return e.what();
+  }
+  return "no exception";
+}
+
+// A fresh directory under the system temp dir, removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = fs::temp_directory_path() /
+            ("dtrain-file-sharder-" + std::to_string(rd()) + "-" + std::to_string(rd()));
+    fs::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+  void touch(const std::string& name) const { std::ofstream(path_ / name) << name; }
+
+ private:
+  fs::path path_;
+};
+
+}  // namespace
+
+TEST_CASE("every shard gets the same number of files and together they cover the list") {
+  for (const auto& c : std::vector<std::pair<int, int>>{{10, 4}, {3, 5}, {8, 4}, {1, 3}}) {
+    const int n = c.first;
+    const int shards = c.second;
+    CAPTURE(n);
+    CAPTURE(shards);
+    const Files files = numbered(n);
+    std::map<std::string, int> count;
+    for (int s = 0; s < shards; ++s) {
+      const Files mine = dtrain::shard_files(files, shards, s, true, 5, 2);
+      CHECK(static_cast<int>(mine.size()) == (n + shards - 1) / shards);
+      for (const auto& f : mine) ++count[f];
+    }
+    CHECK(static_cast<int>(count.size()) == n);
+    int repeats = 0;
+    for (const auto& [f, c] : count) repeats += c - 1;
+    CHECK(repeats == (n + shards - 1) / shards * shards - n);
+  }
+}
+
+TEST_CASE("without shuffle files are strided and wrap around") {
+  const Files files = numbered(10);
+  CHECK(dtrain::shard_files(files, 4, 0, false) == Files{files[0], files[4], files[8]});
+  CHECK(dtrain::shard_files(files, 4, 2, false) == Files{files[2], files[6], files[0]});
+  CHECK(dtrain::shard_files(files, 4, 3, false, 0, 9) == Files{files[3], files[7], files[1]});
+}
+
+TEST_CASE("shuffled sharding is deterministic and changes with the epoch") {
+  const Files files = numbered(40);
+  const Files epoch3 = dtrain::shard_files(files, 4, 1, true, 8, 3);
+  CHECK(epoch3 == dtrain::shard_files(files, 4, 1, true, 8, 3));
+  CHECK(epoch3 != dtrain::shard_files(files, 4, 1, true, 8, 4));
+  // It is the DistributedSampler's assignment over file positions (golden: N=10, R=3, seed 42).
+  const Files ten = numbered(10);
+  CHECK(dtrain::shard_files(ten, 3, 0, true, 42, 0) == Files{ten[9], ten[0], ten[3], ten[7]});
+}
+
+TEST_CASE("invalid arguments are rejected with a clear message") {
+  auto m = message_of([] { dtrain::shard_files(Files{}, 2, 0); });
+  CHECK(m.find("files is empty") != std::string::npos);
+  m = message_of([] { dtrain::shard_files(numbered(3), 0, 0); });
+  CHECK(m.find("num_shards") != std::string::npos);
+  CHECK(m.find("got 0") != std::string::npos);
+  m = message_of([] { dtrain::shard_files(numbered(3), 2, 2); });
+  CHECK(m.find("shard_index") != std::string::npos);
+  CHECK(m.find("got 2") != std::string::npos);
+  m = message_of([] { dtrain::shard_files(numbered(3), 2, -1); });
+  CHECK(m.find("shard_index") != std::string::npos);
+  m = message_of([] { dtrain::shard_files(numbered(3), 2, 0, true, 0, -5); });
+  CHECK(m.find("epoch") != std::string::npos);
+  CHECK(m.find("-5") != std::string::npos);
+}
+
+TEST_CASE("glob_match") {
+  using dtrain::detail::glob_match;
+  CHECK(glob_match("*", "anything"));
+  CHECK(glob_match("*", ""));
+  CHECK(glob_match("*.rec", "a.rec"));
+  CHECK(glob_match("*.rec", ".rec"));
+  CHECK_FALSE(glob_match("*.rec", "a.rec.tmp"));
+  CHECK_FALSE(glob_match("*.rec", "a.re"));
+  CHECK(glob_match("train-??.tar", "train-07.tar"));
+  CHECK_FALSE(glob_match("train-??.tar", "train-7.tar"));
+  CHECK(glob_match("*a*a*b", "xaayaab"));
+  CHECK_FALSE(glob_match("*a*a*b", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaac"));
+  CHECK(glob_match("exact.txt", "exact.txt"));
+  CHECK_FALSE(glob_match("exact.txt", "exact.txt2"));
+  CHECK_FALSE(glob_match("", "x"));
+}
+
+TEST_CASE("directory listing: regular files matching the pattern, sorted by name") {
+  TempDir dir;
+  // Created out of order so the test fails if the listing relies on creation order.
+  for (const char* name : {"c.rec", "a.rec", "notes.txt", "b.rec", "d.rec.partial"}) {
+    dir.touch(name);
+  }
+  fs::create_directory(dir.path() / "e.rec");  // a directory, not a file
+  const Files listed = dtrain::list_files(dir.path(), "*.rec");
+  CHECK(listed == Files{(dir.path() / "a.rec").string(), (dir.path() / "b.rec").string(),
+                        (dir.path() / "c.rec").string()});
+  CHECK(dtrain::list_files(dir.path()).size() == 5);
+
+  // Sharding a directory equals sharding its sorted listing.
+  for (int s = 0; s < 2; ++s) {
+    CHECK(dtrain::shard_files(dir.path(), "*.rec", 2, s, true, 1, 4) ==
+          dtrain::shard_files(listed, 2, s, true, 1, 4));
+  }
+  CHECK(dtrain::shard_files(dir.path(), "*.rec", 2, 1, false) ==
+        Files{(dir.path() / "b.rec").string(), (dir.path() / "a.rec").string()});
+}
+
+TEST_CASE("directory errors name the directory and the pattern") {
+  TempDir dir;
+  dir.touch("only.txt");
+  auto m = message_of([&] { dtrain::shard_files(dir.path(), "*.rec", 2, 0); });
+  CHECK(m.find("*.rec") != std::string::npos);
+  CHECK(m.find(dir.path().string()) != std::string::npos);
+  const fs::path missing = dir.path() / "missing";
+  m = message_of([&] { dtrain::list_files(missing, "*"); });
+  CHECK(m.find(missing.string()) != std::string::npos);
+  m = message_of([&] { dtrain::shard_files(dir.path() / "only.txt", "*", 2, 0); });
+  CHECK(m.find("not a readable directory") != std::string::npos);
+}
