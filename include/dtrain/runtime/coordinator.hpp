@@ -436,13 +436,14 @@ class Coordinator {
     bool warn = false, stop = false;
     for (auto& [name, p] : table_) {
       const double waited = seconds(now - p.first_seen);
-      if (now - p.last_warned >= stall_check()) {
-        warn = true;
-        p.last_warned = now;
-      }
+      warn |= now - p.last_warned >= stall_check();
       if (opt_.stall_shutdown_time_seconds > 0 && waited >= opt_.stall_shutdown_time_seconds)
         stop = true;
     }
+    // One report covers every op stalled by now, so they share the next reminder time.
+    if (warn)
+      for (auto& [name, p] : table_)
+        if (now - p.first_seen >= stall_check()) p.last_warned = now;
     if (!warn && !stop) return;
     const std::string report = pending_report(now);
     if (stop) {

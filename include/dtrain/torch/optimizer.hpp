@@ -1,0 +1,285 @@
+#pragma once
+// DistributedOptimizer for libtorch optimizers, broadcast of parameters and optimizer state.
+//
+// Note [Gradient hooks]
+// A post-hook on each parameter's gradient accumulator fires right after backward has written
+// that parameter's gradient, and submits its allreduce at once: communication of the last layers'
+// gradients overlaps the backward pass of the first layers. step() then waits for every handle,
+// submits the gradients whose hook never fired (parameters unused in this step: zeros if they have
+// no gradient, so every rank still submits the same names), and applies the update.
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/torch/tensor.hpp"
+#include "dtrain/train/broadcast_parameters.hpp"
+#include "dtrain/train/distributed_optimizer.hpp"
+
+namespace dtrain {
+
+// The gradients of a libtorch optimizer, in parameter-group order (undefined ones become zeros so
+// every rank submits the same list). Used by the generic DistributedOptimizer machinery.
+template <class Opt>
+  requires std::derived_from<Opt, torch::optim::Optimizer>
+struct optimizer_traits<Opt> {
+  static void step(Opt& o) { o.step(); }
+  static std::vector<torch::Tensor> gradients(Opt& o) {
+    std::vector<torch::Tensor> grads;
+    for (auto& group : o.param_groups())
+      for (auto& p : group.params()) {
+        if (!p.mutable_grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        grads.push_back(p.mutable_grad());
+      }
+    return grads;
+  }
+};
+
+namespace detail {
+
+inline std::vector<std::pair<std::string, torch::Tensor>> to_pairs(
+    const torch::OrderedDict<std::string, torch::Tensor>& dict) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : dict) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace detail
+
+// Broadcasts a module's named parameters (or buffers) from root, sorted by name.
+inline void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& named,
+                                 int root_rank = 0) {
+  torch::NoGradGuard no_grad;
+  auto pairs = detail::to_pairs(named);
+  detail::broadcast_named(pairs, root_rank, "broadcast_parameters");
+}
+
+// Parameters and buffers (batch-norm statistics) of a module.
+inline void broadcast_module(torch::nn::Module& module, int root_rank = 0) {
+  torch::NoGradGuard no_grad;
+  auto params = detail::to_pairs(module.named_parameters(true));
+  detail::broadcast_named(params, root_rank, "broadcast_module.parameters");
+  auto buffers = detail::to_pairs(module.named_buffers(true));
+  detail::broadcast_named(buffers, root_rank, "broadcast_module.buffers");
+}
+
+// Makes every rank's optimizer state (momentum/Adam buffers, step counts, lr and other options
+// of every parameter group) equal to root's, through libtorch's own optimizer serialization, so
+// state that root created lazily and other ranks have not created yet is handled.
+inline void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank = 0) {
+  std::string bytes;
+  if (rank() == root_rank) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    bytes = os.str();
+  }
+  bytes = broadcast_object(bytes, root_rank, "broadcast_optimizer_state");
+  if (rank() == root_rank) return;
+  torch::serialize::InputArchive archive;
+  std::istringstream is(bytes);
+  archive.load_from(is);
+  optimizer.load(archive);
+}
+
+// Sets the learning rate of every parameter group (e.g. from an LrSchedule).
+inline void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+template <class Opt>
+  requires std::derived_from<Opt, torch::optim::Optimizer>
+class DistributedOptimizer<Opt> {
+ public:
+  // named_parameters: the model's named parameters (module->named_parameters()); names make the
+  // allreduces match across ranks. Every parameter of the optimizer must be named exactly once.
+  DistributedOptimizer(Opt& optimizer,
+                       const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                       DistributedOptimizerOptions options = {})
+      : opt_(&optimizer), options_(std::move(options)) {
+    detail::validate(options_);
+    prefix_ = detail::optimizer_group_name(options_.name);
+    std::map<const void*, std::string> name_of;
+    std::set<std::string> seen;
+    for (const auto& item : named_parameters) {
+      if (item.key().empty())
+        throw InvalidArgumentError("dtrain: DistributedOptimizer: a named parameter has an empty name");
+      if (!seen.insert(item.key()).second)
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedOptimizer: parameter name '{}' appears twice", item.key()));
+      name_of[item.value().unsafeGetTensorImpl()] = item.key();
+    }
+    for (auto& group : opt_->param_groups())
+      for (auto& p : group.params()) {
+        auto it = name_of.find(p.unsafeGetTensorImpl());
+        if (it == name_of.end())
+          throw InvalidArgumentError(fmt::format(
+              "dtrain: DistributedOptimizer: the optimizer has a parameter of shape [{}] that is "
+              "not in named_parameters: pass module->named_parameters() of the module whose "
+              "parameters the optimizer updates",
+              fmt::join(p.sizes(), ", ")));
+        add_parameter(p, it->second);
+      }
+  }
+
+  // Without names: parameters are named by their position in the optimizer's groups, which must
+  // then be built in the same order on every rank.
+  explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
+      : opt_(&optimizer), options_(std::move(options)) {
+    detail::validate(options_);
+    prefix_ = detail::optimizer_group_name(options_.name);
+    std::size_t g = 0;
+    for (auto& group : opt_->param_groups()) {
+      std::size_t i = 0;
+      for (auto& p : group.params()) add_parameter(p, fmt::format("group{}.param{}", g, i++));
+      ++g;
+    }
+  }
+
+  DistributedOptimizer(const DistributedOptimizer&) = delete;
+  DistributedOptimizer& operator=(const DistributedOptimizer&) = delete;
+
+  ~DistributedOptimizer() {
+    try {
+      wait_pending();
+    } catch (...) {
+      // Destructors never throw; the error was (or will be) reported by the op's own waiter.
+    }
+    for (auto& s : slots_)
+      if (s->accumulator) s->accumulator->del_post_hook(s->hook_key);
+  }
+
+  // Call after every backward pass; see Note [Gradient accumulation]. Returns true if it stepped.
+  bool step() {
+    if (++passes_ % options_.backward_passes_per_step != 0) return false;
+    if (!skip_next_) synchronize();
+    skip_next_ = false;
+    opt_->step();
+    return true;
+  }
+
+  // Completes the allreduce of every gradient now (submitting those whose hook did not fire).
+  void synchronize() {
+    for (auto& s : slots_) {
+      std::lock_guard lock(s->mutex);
+      if (!s->handle.valid()) submit(*s);
+    }
+    wait_pending();
+    for (auto& s : slots_) s->passes = 0;
+  }
+
+  // Waits for in-flight allreduces before clearing the gradients they write into.
+  void zero_grad() {
+    wait_pending();
+    opt_->zero_grad();
+  }
+
+  class SkipSynchronize {
+   public:
+    explicit SkipSynchronize(DistributedOptimizer& o) : o_(&o) { o_->skip_next_ = true; }
+    SkipSynchronize(const SkipSynchronize&) = delete;
+    SkipSynchronize& operator=(const SkipSynchronize&) = delete;
+    ~SkipSynchronize() { o_->skip_next_ = false; }
+
+   private:
+    DistributedOptimizer* o_;
+  };
+  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
+
+  Opt& optimizer() noexcept { return *opt_; }
+  const DistributedOptimizerOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Slot {
+    torch::Tensor param;
+    std::string name;
+    std::shared_ptr<torch::autograd::Node> accumulator;
+    std::uintptr_t hook_key = 0;
+    std::mutex mutex;  // the hook runs on autograd's thread
+    int passes = 0;
+    Handle handle;
+    torch::Tensor wire;  // compressed copy in flight
+  };
+
+  class Hook final : public torch::autograd::FunctionPostHook {
+   public:
+    Hook(DistributedOptimizer* owner, Slot* slot) : owner_(owner), slot_(slot) {}
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+      owner_->on_gradient(*slot_);
+      return outputs;
+    }
+
+   private:
+    DistributedOptimizer* owner_;
+    Slot* slot_;
+  };
+
+  void add_parameter(torch::Tensor& p, std::string name) {
+    auto slot = std::make_unique<Slot>();
+    slot->param = p;
+    slot->name = std::move(name);
+    if (p.requires_grad()) {
+      slot->accumulator = torch::autograd::impl::grad_accumulator(p);
+      slot->hook_key = slot->accumulator->add_post_hook(std::make_unique<Hook>(this, slot.get()));
+    }
+    slots_.push_back(std::move(slot));
+  }
+
+  void on_gradient(Slot& s) {
+    std::lock_guard lock(s.mutex);
+    if (++s.passes < options_.backward_passes_per_step || s.handle.valid()) return;
+    submit(s);
+  }
+
+  // Caller holds s.mutex.
+  void submit(Slot& s) {
+    torch::NoGradGuard no_grad;
+    auto& grad = s.param.mutable_grad();
+    if (!grad.defined()) grad = torch::zeros_like(s.param);
+    auto options = detail::gradient_allreduce_options(options_, fmt::format("{}.{}", prefix_, s.name));
+    if (options_.compression != Compression::none && grad.is_floating_point() &&
+        grad.scalar_type() != torch::kHalf && grad.scalar_type() != torch::kBFloat16) {
+      s.wire = grad.to(options_.compression == Compression::fp16 ? torch::kHalf : torch::kBFloat16);
+      s.handle = allreduce_async(s.wire, options);
+    } else {
+      if (!grad.is_contiguous()) grad = grad.contiguous();
+      s.handle = allreduce_async(grad, options);
+    }
+  }
+
+  void wait_pending() {
+    std::exception_ptr first;
+    for (auto& s : slots_) {
+      std::lock_guard lock(s->mutex);
+      if (!s->handle.valid()) continue;
+      try {
+        s->handle.wait();
+        if (s->wire.defined()) s->param.mutable_grad().copy_(s->wire);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      s->handle = Handle();
+      s->wire = torch::Tensor();
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  Opt* opt_;
+  DistributedOptimizerOptions options_;
+  std::string prefix_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::int64_t passes_ = 0;
+  bool skip_next_ = false;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,114 @@
+#pragma once
+// broadcast_parameters: make every rank start from root's weights.
+//
+// Before any data moves, every rank's parameter list (count, names, dtypes, shapes) is compared
+// with root's; a difference raises the same MismatchError on every rank, naming the first
+// parameter that differs, instead of a hang or silently mixed-up weights.
+#include <algorithm>
+#include <ranges>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtrain/train/objects.hpp"
+
+namespace dtrain {
+namespace detail {
+
+struct ParamDescriptor {
+  std::string name;
+  DataType dtype;
+  std::vector<std::int64_t> shape;
+  friend bool operator==(const ParamDescriptor&, const ParamDescriptor&) = default;
+};
+
+inline std::string describe_param(const ParamDescriptor& d) {
+  return fmt::format("'{}' {} [{}]", d.name, to_string(d.dtype), fmt::join(d.shape, ", "));
+}
+
+inline void check_same_parameters(const std::vector<ParamDescriptor>& mine, int root_rank,
+                                  std::string_view what) {
+  using Wire = std::vector<std::pair<std::string, std::pair<std::uint8_t, std::vector<std::int64_t>>>>;
+  Wire wire;
+  for (const auto& d : mine)
+    wire.push_back({d.name, {static_cast<std::uint8_t>(d.dtype), d.shape}});
+  const auto all = allgather_object(wire, fmt::format("{}.check", what));
+  const Wire& ref = all[static_cast<std::size_t>(root_rank)];
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const Wire& other = all[r];
+    if (other.size() != ref.size())
+      throw MismatchError(fmt::format(
+          "dtrain: {}: rank {} has {} parameters but root rank {} has {}: build the same model "
+          "on every rank before broadcasting",
+          what, r, other.size(), root_rank, ref.size()));
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      if (other[i] == ref[i]) continue;
+      auto show = [](const auto& t) {
+        return describe_param({t.first, static_cast<DataType>(t.second.first), t.second.second});
+      };
+      throw MismatchError(fmt::format(
+          "dtrain: {}: parameter #{} differs: rank {} has {}, root rank {} has {}", what, i, r,
+          show(other[i]), root_rank, show(ref[i])));
+    }
+  }
+}
+
+template <class T>
+ParamDescriptor descriptor(std::string name, const T& t) {
+  return {std::move(name), traits_of<T>::dtype(t), shape_of(t)};
+}
+
+template <class NamedRange>
+void broadcast_named(NamedRange&& named, int root_rank, std::string_view what) {
+  std::vector<std::string> names;
+  for (auto&& [n, t] : named) names.emplace_back(n);
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
+    throw InvalidArgumentError(fmt::format("dtrain: {}: parameter name '{}' appears twice: names "
+                                           "must be unique", what, *dup));
+  for (const auto& n : names)
+    if (n.empty())
+      throw InvalidArgumentError(fmt::format("dtrain: {}: a parameter has an empty name", what));
+  // Sorting by name makes the order rank-independent whatever order the container yields.
+  using Ref = std::pair<std::string, std::remove_reference_t<decltype(std::get<1>(*std::ranges::begin(named)))>*>;
+  std::vector<Ref> refs;
+  for (auto&& [n, t] : named) refs.emplace_back(std::string(n), &t);
+  std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.first < b.first; });
+  std::vector<ParamDescriptor> mine;
+  for (auto& [n, t] : refs) mine.push_back(descriptor(n, *t));
+  check_same_parameters(mine, root_rank, what);
+  std::vector<Handle> handles;
+  handles.reserve(refs.size());
+  for (auto& [n, t] : refs) handles.push_back(broadcast_async(*t, root_rank, fmt::format("{}.{}", what, n)));
+  for (auto& h : handles) h.wait();
+}
+
+}  // namespace detail
+
+// Broadcasts each tensor of `params` from root_rank, in place. Either a range of tensors (the
+// order must be the same on every rank) or a range of (name, tensor) pairs (sorted by name first,
+// so any container order works).
+template <std::ranges::range R>
+void broadcast_parameters(R&& params, int root_rank = 0) {
+  using V = std::ranges::range_value_t<R>;
+  if constexpr (requires(V v) { std::get<0>(v); std::get<1>(v); }) {
+    detail::broadcast_named(std::forward<R>(params), root_rank, "broadcast_parameters");
+  } else {
+    DTRAIN_REQUIRE_MUTABLE_TENSOR(V);
+    std::vector<detail::ParamDescriptor> mine;
+    std::size_t i = 0;
+    for (auto& t : params) mine.push_back(detail::descriptor(fmt::format("#{}", i++), t));
+    detail::check_same_parameters(mine, root_rank, "broadcast_parameters");
+    std::vector<Handle> handles;
+    i = 0;
+    for (auto& t : params)
+      handles.push_back(broadcast_async(t, root_rank, fmt::format("broadcast_parameters.{}", i++)));
+    for (auto& h : handles) h.wait();
+  }
+}
+
+}  // namespace dtrain

@@ -1,0 +1,162 @@
+#pragma once
+// DistributedOptimizer: wraps an optimizer so that step() first averages the gradients across
+// ranks.
+//
+// Note [Optimizer customization point]
+// Any optimizer works if dtrain::optimizer_traits<Opt> provides
+//   static void step(Opt&);                 // apply the update from the current gradients
+//   static auto gradients(Opt&);            // a range of mutable tensors: the gradients, in an
+//                                           // order that is the same on every rank
+// The primary template covers types with member functions step() and gradients(). libtorch
+// optimizers are covered by <dtrain/torch.hpp>, which also submits gradients from autograd
+// hooks as backward produces them.
+//
+// Note [Gradient accumulation]
+// With backward_passes_per_step = k, call step() after every backward pass: the first k-1 calls
+// only count (gradients keep accumulating in your buffers, as with plain accumulation), the k-th
+// allreduces and applies the update, and step() returns whether it did. As in Horovod the
+// accumulated gradient is the sum over the k passes: divide the loss by k for the mean. The count
+// carries over epoch boundaries; nothing asserts on a partial window, and synchronize() can be
+// called at any time to flush.
+#include <cmath>
+#include <cstdint>
+#include <ranges>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/collectives.hpp"
+#include "dtrain/train/compression.hpp"
+
+namespace dtrain {
+
+template <class Opt, class Enable = void>
+struct optimizer_traits {};
+
+template <class Opt>
+  requires requires(Opt& o) {
+    o.step();
+    o.gradients();
+  }
+struct optimizer_traits<Opt> {
+  static void step(Opt& o) { o.step(); }
+  static decltype(auto) gradients(Opt& o) { return o.gradients(); }
+};
+
+template <class Opt>
+concept Optimizer = requires(Opt& o) {
+  optimizer_traits<Opt>::step(o);
+  { optimizer_traits<Opt>::gradients(o) } -> std::ranges::range;
+} && MutableTensor<std::ranges::range_value_t<decltype(optimizer_traits<Opt>::gradients(std::declval<Opt&>()))>>;
+
+struct DistributedOptimizerOptions {
+  ReduceOp op = ReduceOp::Average;              // Average or Sum
+  Compression compression = Compression::none;  // 16-bit wire format for float32/float64 gradients
+  int backward_passes_per_step = 1;             // see Note [Gradient accumulation]
+  double gradient_predivide_factor = 1.0;       // Average only: divide by f before the sum and
+                                                // multiply by f/size after (overflow control)
+  std::string name = {};                        // group name; empty: generated
+};
+
+namespace detail {
+inline void validate(const DistributedOptimizerOptions& o) {
+  if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::op = {}: gradients are combined with Average or Sum",
+        to_string(o.op)));
+  if (o.backward_passes_per_step < 1)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::backward_passes_per_step = {}: must be at least 1",
+        o.backward_passes_per_step));
+  if (!std::isfinite(o.gradient_predivide_factor) || o.gradient_predivide_factor <= 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::gradient_predivide_factor = {}: must be a positive "
+        "finite number", o.gradient_predivide_factor));
+  if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
+    throw InvalidArgumentError(
+        "dtrain: DistributedOptimizerOptions::gradient_predivide_factor applies to "
+        "ReduceOp::Average only");
+}
+
+inline std::string optimizer_group_name(const std::string& given) {
+  static std::atomic<int> counter{0};
+  return given.empty() ? fmt::format("DistributedOptimizer.{}", counter.fetch_add(1)) : given;
+}
+
+inline AllreduceOptions gradient_allreduce_options(const DistributedOptimizerOptions& o,
+                                                   std::string name) {
+  AllreduceOptions a;
+  a.op = o.op;
+  a.prescale = 1.0 / o.gradient_predivide_factor;
+  a.postscale = o.gradient_predivide_factor;
+  a.name = std::move(name);
+  return a;
+}
+}  // namespace detail
+
+template <class Opt>
+class DistributedOptimizer {
+ public:
+  explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
+      : opt_(&optimizer), options_(std::move(options)) {
+    static_assert(Optimizer<Opt>,
+                  "dtrain: DistributedOptimizer needs dtrain::optimizer_traits<Opt> (step and "
+                  "gradients; see Note [Optimizer customization point]) — or include "
+                  "<dtrain/torch.hpp> for libtorch optimizers");
+    detail::validate(options_);
+    group_ = detail::optimizer_group_name(options_.name);
+  }
+
+  // Counts one backward pass; every backward_passes_per_step-th call allreduces the gradients
+  // (unless synchronize() already did, see skip_synchronize) and steps. Returns true if it stepped.
+  bool step() {
+    if (++passes_ % options_.backward_passes_per_step != 0) return false;
+    if (!skip_next_) synchronize();
+    skip_next_ = false;
+    optimizer_traits<Opt>::step(*opt_);
+    return true;
+  }
+
+  // Allreduces the gradients now (blocking), e.g. to clip them before step().
+  void synchronize() {
+    auto&& grads = optimizer_traits<Opt>::gradients(*opt_);
+    std::vector<TensorView> views;
+    for (auto& g : grads) {
+      using G = std::remove_cvref_t<decltype(g)>;
+      views.emplace_back(traits_of<G>::mutable_data(g), traits_of<G>::numel(g),
+                         traits_of<G>::dtype(g), traits_of<G>::device(g), detail::shape_of(g),
+                         detail::stream_of(g));
+    }
+    compressor_.allreduce(views, detail::gradient_allreduce_options(options_, group_),
+                          options_.compression);
+  }
+
+  // Within the returned scope, the next step() uses the gradients as they are (already
+  // synchronized by an explicit synchronize() call) instead of allreducing again.
+  class SkipSynchronize {
+   public:
+    explicit SkipSynchronize(DistributedOptimizer& o) : o_(&o) { o_->skip_next_ = true; }
+    SkipSynchronize(const SkipSynchronize&) = delete;
+    SkipSynchronize& operator=(const SkipSynchronize&) = delete;
+    ~SkipSynchronize() { o_->skip_next_ = false; }
+
+   private:
+    DistributedOptimizer* o_;
+  };
+  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
+
+  Opt& optimizer() noexcept { return *opt_; }
+  const DistributedOptimizerOptions& options() const noexcept { return options_; }
+
+ private:
+  Opt* opt_;
+  DistributedOptimizerOptions options_;
+  std::string group_;
+  std::int64_t passes_ = 0;
+  bool skip_next_ = false;
+  detail::GradientCompressor compressor_;
+};
+
+}  // namespace dtrain
