@@ -124,7 +124,7 @@ constexpr double integer_to_double_sticky(I v) noexcept {
   std::uint64_t mag = negative ? static_cast<std::uint64_t>(U(0) - static_cast<U>(v))
                                : static_cast<std::uint64_t>(v);
   int scale = 0;
-  const int width = std::bit_width(mag);
+  const int width = static_cast<int>(std::bit_width(mag));
   if (width > 53) {
     scale = width - 53;
     const bool lost = (mag & ((std::uint64_t{1} << scale) - 1)) != 0;
