@@ -1,0 +1,66 @@
+# cmake -DBINARY_DIR=<dtrain build> -DPREFIX=<dir> [-DCONFIG=<cfg>]
+#       [-DSOURCE_DIR=<dtrain source> -DGENERATOR=<g>] -P install_package.cmake [-- <cmake args>]
+#
+# Installs dtrain into a fresh PREFIX and checks the layout a find_package consumer relies on.
+# With SOURCE_DIR, first configures (with the arguments after --) and builds a separate dtrain
+# build in BINARY_DIR: a package with other options than the main build, e.g. without CUDA.
+cmake_minimum_required(VERSION 3.20)
+foreach(var IN ITEMS BINARY_DIR PREFIX)
+  if(NOT ${var})
+    message(FATAL_ERROR "install_package.cmake: pass -D${var}=...")
+  endif()
+endforeach()
+
+# A macro, not a function: a function's ARGN would split "-DLIST=a;b" again.
+macro(check_step what)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc})")
+  endif()
+endmacro()
+
+set(configure_args)
+set(after_separator OFF)
+math(EXPR last "${CMAKE_ARGC} - 1")
+foreach(i RANGE ${last})
+  if(after_separator)
+    string(REPLACE ";" "\\;" arg "${CMAKE_ARGV${i}}")  # keep -DLIST=a;b one argument
+    list(APPEND configure_args "${arg}")
+  elseif(CMAKE_ARGV${i} STREQUAL "--")
+    set(after_separator ON)
+  endif()
+endforeach()
+
+set(config_args)
+if(CONFIG)
+  set(config_args --config "${CONFIG}")
+endif()
+if(SOURCE_DIR)
+  file(REMOVE_RECURSE "${BINARY_DIR}")
+  execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${BINARY_DIR}"
+                          -G "${GENERATOR}" ${configure_args} RESULT_VARIABLE rc)
+  check_step("Configuring ${SOURCE_DIR} in ${BINARY_DIR}")
+  execute_process(COMMAND "${CMAKE_COMMAND}" --build "${BINARY_DIR}" ${config_args}
+                  RESULT_VARIABLE rc)
+  check_step("Building ${BINARY_DIR}")
+endif()
+
+file(REMOVE_RECURSE "${PREFIX}")
+execute_process(COMMAND "${CMAKE_COMMAND}" --install "${BINARY_DIR}" --prefix "${PREFIX}"
+                        ${config_args} RESULT_VARIABLE rc)
+check_step("Installing ${BINARY_DIR} into ${PREFIX}")
+
+file(GLOB_RECURSE configs "${PREFIX}/*/dtrainConfig.cmake")
+list(LENGTH configs n)
+if(NOT n EQUAL 1)
+  message(FATAL_ERROR "Expected one installed dtrainConfig.cmake under ${PREFIX}, found: ${configs}")
+endif()
+get_filename_component(cmake_dir "${configs}" DIRECTORY)
+foreach(file IN ITEMS dtrainConfigVersion.cmake dtrainTargets.cmake dtrainDependencies.cmake)
+  if(NOT EXISTS "${cmake_dir}/${file}")
+    message(FATAL_ERROR "${file} is not installed next to ${configs}")
+  endif()
+endforeach()
+if(NOT EXISTS "${PREFIX}/include/dtrain/dtrain.hpp")
+  message(FATAL_ERROR "The umbrella header is not installed: ${PREFIX}/include/dtrain/dtrain.hpp")
+endif()
+message(STATUS "dtrain installed into ${PREFIX} (package files in ${cmake_dir})")
