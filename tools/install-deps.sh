@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Installs what dtrain needs to build and test on Debian 12 (bookworm), skipping every package
+# that is already installed. Safe to run again: with nothing missing it changes nothing (not even
+# the apt package lists).
+#
+#   tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
+#
+# Runs as root, or through sudo when started by another user.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+Usage: tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
+
+Installs with apt what dtrain needs and is not installed yet:
+  always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
+  --torch     libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev
+              (the libtorch integration, its tests and the Fashion-MNIST example)
+  --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
+  --dry-run   only print what would be installed
+
+MPICH stays the default MPI: if installing Open MPI moves the mpicc/mpicxx/mpiexec
+alternatives, they are set back to what they were. Build against Open MPI with
+-DDTRAIN_MPI=openmpi.
+EOF
+}
+
+base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
+torch_packages=(libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev)
+openmpi_packages=(openmpi-bin libopenmpi-dev)
+
+with_torch=0
+with_openmpi=0
+dry_run=0
+for arg in "$@"; do
+  case "$arg" in
+    --torch) with_torch=1 ;;
+    --openmpi) with_openmpi=1 ;;
+    --dry-run) dry_run=1 ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *)
+      echo "install-deps.sh: unknown option '$arg'" >&2
+      usage >&2
+      exit 2
+      ;;
+  esac
+done
+
+for tool in apt-get dpkg-query; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "install-deps.sh: '$tool' not found; this script is for Debian 12 (bookworm)." >&2
+    exit 1
+  fi
+done
+
+is_installed() {
+  local status
+  # ${Status} is a dpkg-query format field, not a shell expansion.
+  # shellcheck disable=SC2016
+  status=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
+  [[ "$status" == *" ok installed" ]]  # "install ok installed", or "hold ok installed"
+}
+
+# Prints the packages among "$@" that are not installed, one per line.
+missing_of() {
+  local package
+  for package in "$@"; do
+    if ! is_installed "$package"; then
+      echo "$package"
+    fi
+  done
+}
+
+wanted=("${base_packages[@]}")
+if ((with_torch)); then
+  wanted+=("${torch_packages[@]}")
+fi
+mapfile -t missing < <(missing_of "${wanted[@]}")
+missing_openmpi=()
+if ((with_openmpi)); then
+  mapfile -t missing_openmpi < <(missing_of "${openmpi_packages[@]}")
+fi
+
+all_missing=("${missing[@]}" "${missing_openmpi[@]}")
+if ((${#all_missing[@]} == 0)); then
+  echo "install-deps.sh: all required packages are already installed; nothing to do."
+  exit 0
+fi
+if ((dry_run)); then
+  echo "install-deps.sh: would install: ${all_missing[*]}"
+  exit 0
+fi
+
+as_root=()
+if ((EUID != 0)); then
+  if ! command -v sudo >/dev/null 2>&1; then
+    echo "install-deps.sh: must install ${all_missing[*]} but is not root and sudo is not" \
+      "available; run it as root." >&2
+    exit 1
+  fi
+  as_root=(sudo)
+fi
+# `env` rather than a sudo VAR=value argument, which sudo's policy may refuse.
+run_as_root() {
+  ${as_root[@]+"${as_root[@]}"} env DEBIAN_FRONTEND=noninteractive "$@"
+}
+
+apt_install() {
+  echo "install-deps.sh: installing: $*"
+  run_as_root apt-get install -y --no-install-recommends "$@"
+}
+
+run_as_root apt-get update
+if ((${#missing[@]} > 0)); then
+  apt_install "${missing[@]}"
+fi
+
+if ((${#missing_openmpi[@]} > 0)); then
+  # Debian's Open MPI packages register the mpi/mpirun alternatives with a higher priority than
+  # MPICH's, so installing them silently turns /usr/bin/mpicxx and mpiexec into Open MPI. Record
+  # the selections first and put back any that the installation moved.
+  declare -A before=()
+  if command -v update-alternatives >/dev/null 2>&1; then
+    while read -r name _ value; do
+      if [[ "$name" == mpi* ]]; then
+        before[$name]=$value
+      fi
+    done < <(update-alternatives --get-selections)
+  fi
+  apt_install "${missing_openmpi[@]}"
+  if command -v update-alternatives >/dev/null 2>&1; then
+    while read -r name _ value; do
+      if [[ -n "${before[$name]+set}" && "${before[$name]}" != "$value" ]]; then
+        echo "install-deps.sh: keeping alternative '$name' at ${before[$name]}" \
+          "(installing Open MPI had moved it to $value)"
+        run_as_root update-alternatives --set "$name" "${before[$name]}"
+      fi
+    done < <(update-alternatives --get-selections)
+  fi
+fi
+
+echo "install-deps.sh: done."
