@@ -54,14 +54,6 @@ inline std::vector<std::pair<std::string, torch::Tensor>> to_pairs(
 
 }  // namespace detail
 
-// Broadcasts a module's named parameters (or buffers) from root, sorted by name.
-inline void broadcast_parameters(const torch::OrderedDict<std::string, torch::Tensor>& named,
-                                 int root_rank = 0) {
-  torch::NoGradGuard no_grad;
-  auto pairs = detail::to_pairs(named);
-  detail::broadcast_named(pairs, root_rank, "broadcast_parameters");
-}
-
 // Parameters and buffers (batch-norm statistics) of a module.
 inline void broadcast_module(torch::nn::Module& module, int root_rank = 0) {
   torch::NoGradGuard no_grad;
@@ -281,5 +273,11 @@ class DistributedOptimizer<Opt> {
   std::int64_t passes_ = 0;
   bool skip_next_ = false;
 };
+
+// Class template argument deduction does not see a partial specialization's constructors.
+template <class Opt>
+  requires std::derived_from<Opt, torch::optim::Optimizer>
+DistributedOptimizer(Opt&, const torch::OrderedDict<std::string, torch::Tensor>&,
+                     DistributedOptimizerOptions = {}) -> DistributedOptimizer<Opt>;
 
 }  // namespace dtrain

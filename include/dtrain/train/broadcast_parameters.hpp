@@ -90,13 +90,21 @@ void broadcast_named(NamedRange&& named, int root_rank, std::string_view what) {
 }  // namespace detail
 
 // Broadcasts each tensor of `params` from root_rank, in place. Either a range of tensors (the
-// order must be the same on every rank) or a range of (name, tensor) pairs (sorted by name first,
-// so any container order works).
+// order must be the same on every rank), or a range of (name, tensor) pairs or of items with
+// key()/value() such as libtorch's named_parameters() (sorted by name first, so any container
+// order works). With pairs, the tensors in the container must share memory with the model's
+// (libtorch tensors and spans do; copies of std::vectors do not).
 template <std::ranges::range R>
 void broadcast_parameters(R&& params, int root_rank = 0) {
   using V = std::ranges::range_value_t<R>;
   if constexpr (requires(V v) { std::get<0>(v); std::get<1>(v); }) {
     detail::broadcast_named(std::forward<R>(params), root_rank, "broadcast_parameters");
+  } else if constexpr (requires(V v) { std::string(v.key()); v.value(); }) {
+    // Ordered dictionaries such as libtorch's named_parameters(): items with key() and value().
+    using T = std::remove_cvref_t<decltype(std::declval<V&>().value())>;
+    std::vector<std::pair<std::string, T>> pairs;
+    for (auto&& item : params) pairs.emplace_back(std::string(item.key()), item.value());
+    detail::broadcast_named(pairs, root_rank, "broadcast_parameters");
   } else {
     DTRAIN_REQUIRE_MUTABLE_TENSOR(V);
     std::vector<detail::ParamDescriptor> mine;
