@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 machine and runs every dtrain test:
+# installs the missing apt packages, configures against MPICH, builds, runs ctest.
+#
+#   tools/run-tests.sh            (build directory: build/, or $DTRAIN_BUILD_DIR)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${DTRAIN_BUILD_DIR:-$root/build}
+jobs=$(nproc)
+
+"$root/tools/install-deps.sh" --torch
+
+# MPICH is the reference MPI; pin it by its suffixed wrappers so an Open MPI installed next to it
+# cannot sneak into the build or the test launcher.
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich
+cmake --build "$build" -j "$jobs"
+cd "$build"
+ctest --output-on-failure -j "$jobs"
