@@ -1,0 +1,116 @@
+// Allreduce bandwidth through dtrain vs raw MPI_Allreduce, 4 KiB ... 64 MiB of float32.
+//
+// Strategies, interleaved round by round (Note [Benchmark method] in bench_common.hpp):
+//   dtrain        dtrain::allreduce (sync) of one tensor, ReduceOp::Sum
+//   raw           one MPI_Allreduce(MPI_IN_PLACE) of the whole buffer
+//   raw-chunked   the same buffer as MPI_Allreduce calls of DTRAIN_MPI_CHUNK_BYTES each, i.e. what
+//                 dtrain hands MPI; shows how much of dtrain's lead on large messages is chunking
+// Every buffer is allocated and touched once, before the first round.
+//
+// Usage: mpiexec -n <ranks> bench_allreduce_bandwidth [--rounds=10] [--min-bytes=4096]
+//        [--max-bytes=67108864]
+#include <algorithm>
+#include <vector>
+
+#include <dtrain/dtrain.hpp>
+
+#include "bench_common.hpp"
+
+int main(int argc, char** argv) {
+  bench::MpiProcess mpi(argc, argv);
+  const bench::Args args(argc, argv);
+  const int rounds = static_cast<int>(args.get_int("rounds", 10));
+  const std::int64_t min_bytes = args.get_int("min-bytes", 4096);
+  const std::int64_t max_bytes = args.get_int("max-bytes", 64 << 20);
+
+  dtrain::init(dtrain::Config::from_env());
+  const std::int64_t chunk_bytes = dtrain::config().mpi_chunk_bytes;
+
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t b = min_bytes; b <= max_bytes; b *= 4) {
+    sizes.push_back(b);
+    if (b == (16 << 20) && max_bytes >= (32 << 20)) sizes.push_back(32 << 20);  // MPICH's cliff
+  }
+  std::vector<std::vector<float>> mine(sizes.size()), theirs(sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    mine[i].assign(static_cast<std::size_t>(sizes[i] / 4), 0.0f);
+    theirs[i].assign(static_cast<std::size_t>(sizes[i] / 4), 0.0f);
+  }
+
+  // Repeat small ops so one sample lasts long enough for the clock, and large ones once.
+  auto reps_for = [](std::int64_t bytes) {
+    return static_cast<int>(std::clamp<std::int64_t>((8 << 20) / bytes, 1, 50));
+  };
+  auto time_reps = [&](int reps, auto&& op) {
+    mpi.barrier();
+    const auto t0 = bench::Clock::now();
+    for (int r = 0; r < reps; ++r) op();
+    return mpi.max_over_ranks(bench::seconds_since(t0) / reps);
+  };
+
+  bench::Samples samples;
+  for (int round = -1; round < rounds; ++round) {  // round -1 warms up (cache ids, MPI paths)
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const std::int64_t bytes = sizes[i];
+      const int reps = round < 0 ? 1 : reps_for(bytes);
+      const std::string name = fmt::format("bw.{}", bytes);
+      auto run_dtrain = [&] {
+        return time_reps(reps, [&] {
+          dtrain::allreduce(mine[i], {.op = dtrain::ReduceOp::Sum, .name = name});
+        });
+      };
+      auto run_raw = [&] {
+        return time_reps(reps, [&] {
+          MPI_Allreduce(MPI_IN_PLACE, theirs[i].data(), static_cast<int>(theirs[i].size()),
+                        MPI_FLOAT, MPI_SUM, mpi.comm());
+        });
+      };
+      auto run_raw_chunked = [&] {
+        const std::int64_t n = static_cast<std::int64_t>(theirs[i].size()), c = chunk_bytes / 4;
+        return time_reps(reps, [&] {
+          for (std::int64_t off = 0; off < n; off += c)
+            MPI_Allreduce(MPI_IN_PLACE, theirs[i].data() + off, static_cast<int>(std::min(c, n - off)),
+                          MPI_FLOAT, MPI_SUM, mpi.comm());
+        });
+      };
+      // Alternate the order so neither strategy always runs on a cache warmed by the other.
+      double d = 0, r = 0, rc = 0;
+      if (round % 2 == 0) {
+        d = run_dtrain();
+        r = run_raw();
+        rc = run_raw_chunked();
+      } else {
+        rc = run_raw_chunked();
+        r = run_raw();
+        d = run_dtrain();
+      }
+      if (round < 0) continue;
+      samples.add(fmt::format("dtrain/{}", bytes), d);
+      samples.add(fmt::format("raw/{}", bytes), r);
+      samples.add(fmt::format("rawchunk/{}", bytes), rc);
+    }
+  }
+
+  if (mpi.rank() == 0) {
+    const int n = mpi.size();
+    fmt::print("# allreduce bandwidth, float32 Sum, {} rounds (median / min over rounds)\n", rounds);
+    fmt::print("# {}\n", bench::machine_line(n));
+    fmt::print("# DTRAIN_MPI_CHUNK_BYTES = {}\n", chunk_bytes);
+    fmt::print("| size | dtrain time | dtrain busbw GB/s | raw time | raw busbw GB/s | dtrain/raw "
+               "busbw (median) | (best) | raw chunked busbw GB/s |\n");
+    fmt::print("|---|---|---|---|---|---|---|---|\n");
+    for (auto bytes : sizes) {
+      auto d = samples.get(fmt::format("dtrain/{}", bytes));
+      auto r = samples.get(fmt::format("raw/{}", bytes));
+      auto rc = samples.get(fmt::format("rawchunk/{}", bytes));
+      const double b = static_cast<double>(bytes);
+      fmt::print("| {} | {} | {:.3f} | {} | {:.3f} | {:.2f} | {:.2f} | {:.3f} |\n",
+                 bench::human_bytes(bytes), bench::human_time(d.median),
+                 bench::allreduce_busbw_gbps(b, d.median, n), bench::human_time(r.median),
+                 bench::allreduce_busbw_gbps(b, r.median, n), r.median / d.median, r.min / d.min,
+                 bench::allreduce_busbw_gbps(b, rc.median, n));
+    }
+  }
+  dtrain::shutdown();
+  return 0;
+}
