@@ -71,6 +71,7 @@ class Engine {
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(world, &rank_);
     MPI_Comm_size(world, &size_);
+    std::string setup_error;
     if (rank_ == 0) {
       CoordinatorOptions o;
       o.size = size_;
@@ -98,8 +99,20 @@ class Engine {
         log(LogLevel::warning, "{}", report);
       };
       coordinator_.emplace(o, std::move(hooks));
-      if (!config.timeline_path.empty())
-        timeline_.start(config.timeline_path, config.timeline_max_bytes, config.timeline_mark_cycles);
+      if (!config.timeline_path.empty()) {
+        try {
+          timeline_.start(config.timeline_path, config.timeline_max_bytes, config.timeline_mark_cycles);
+        } catch (const std::exception& e) {
+          setup_error = e.what();
+        }
+      }
+    }
+    // Rank 0's setup can fail on its own (an unwritable DTRAIN_TIMELINE path). Init must then fail
+    // on every rank: the others would otherwise wait forever for a coordinator that never started.
+    if (std::string why = agree_on_setup(std::move(setup_error)); !why.empty()) {
+      MPI_Comm_free(&control_);
+      MPI_Comm_free(&data_);
+      throw InvalidArgumentError(why);
     }
     HostBackend::Options ho;
     ho.comm = data_;
@@ -215,6 +228,16 @@ class Engine {
     std::string out(s);
     for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     return out;
+  }
+
+  // Rank 0's setup error (empty: none), as every rank learns it.
+  std::string agree_on_setup(std::string error) const {
+    std::uint64_t n = error.size();
+    mpi_check(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, control_), "MPI_Bcast");
+    error.resize(n);
+    if (n > 0)
+      mpi_check(MPI_Bcast(error.data(), static_cast<int>(n), MPI_CHAR, 0, control_), "MPI_Bcast");
+    return error;
   }
 
   void throw_if_stopped() const {
