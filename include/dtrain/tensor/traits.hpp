@@ -95,7 +95,8 @@ inline constexpr bool always_false = false;
                 "std::vector/std::span/std::array of arithmetic or half types, or a "            \
                 "dtrain::TensorView")
 #define DTRAIN_REQUIRE_MUTABLE_TENSOR(T)                                                         \
-  static_assert(::dtrain::MutableTensor<T>,                                                      \
+  DTRAIN_REQUIRE_TENSOR(T);                                                                      \
+  static_assert(!::dtrain::Tensor<T> || ::dtrain::MutableTensor<T>,                              \
                 "dtrain: this argument is not a mutable tensor. In-place ops need "              \
                 "dtrain::tensor_traits<T>::mutable_data (see <dtrain/tensor/traits.hpp>); a "     \
                 "const or read-only type cannot be reduced or broadcast in place")
