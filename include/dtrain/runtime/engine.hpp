@@ -5,10 +5,19 @@
 // Note [Waiting without burning cores]
 // User threads only enqueue and then block on their handle. The engine thread blocks on a
 // condition variable while nothing is in flight (rank 0 wakes once a second to notice ranks that
-// wait on it, for stall reports). While something is in flight it polls MPI for a few tens of
-// microseconds (a lone small op completes inside that window), then yields, then sleeps in steps of
-// at most a millisecond: a rank that waits on a straggler costs almost nothing.
+// wait on it, for stall reports). While something is in flight it polls MPI for 50 microseconds
+// (a peer that is in step answers within that window, so a lone small op never sleeps), then
+// sleeps for a quarter of the time it has waited so far, between 10 microseconds and 1 ms, and
+// polls again: a message that arrives during a sleep costs at most ~25% more latency, and a rank
+// that waits on a straggler costs almost no CPU. There is no yield phase: on a loaded 2-core
+// machine sched_yield either returns at once (a spin that steals the core a peer rank needs) or
+// gives the core away for a whole scheduler tick (4 ms); both were measured to cost more than
+// short sleeps (docs/performance.md). Timed sleeps overshoot by the thread's timer slack, 50 us by
+// default, so the engine thread lowers its own to keep the short sleeps short.
 #include <mpi.h>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -250,6 +259,9 @@ class Engine {
   // ---- the engine thread ----------------------------------------------------------------------
 
   void run() {
+#if defined(__linux__)
+    prctl(PR_SET_TIMERSLACK, 2000UL, 0UL, 0UL, 0UL);  // 2 us; see Note [Waiting without burning cores]
+#endif
     try {
       loop();
     } catch (const std::exception& ex) {
@@ -310,12 +322,10 @@ class Engine {
   void wait_for_work(Clock::duration idle_for) {
     using namespace std::chrono_literals;
     const bool awaiting = awaiting_peers();
-    if (awaiting && idle_for < 50us) return;  // hot poll: small ops complete within this window
-    if (awaiting && idle_for < 2ms) {
-      std::this_thread::yield();
-      return;
-    }
-    Clock::duration limit = awaiting ? Clock::duration(1ms) : Clock::duration(1s);
+    if (awaiting && idle_for < 50us) return;  // hot poll: a peer in step answers within this window
+    // Back off in proportion to the wait so far (Note [Waiting without burning cores]).
+    Clock::duration limit = awaiting ? std::clamp<Clock::duration>(idle_for / 4, 10us, 1ms)
+                                     : Clock::duration(1s);
     if (coordinator_)
       if (auto d = coordinator_->next_deadline())
         limit = std::min(limit, std::max<Clock::duration>(*d - Clock::now(), 0us));

@@ -1,7 +1,7 @@
 #pragma once
 // Handles to in-flight ops. The engine completes an OpState exactly once (the first completion
 // wins, so a deadline watchdog and a late MPI return cannot race); waiters block on a condition
-// variable after a short spin, so a waiting caller does not burn a core.
+// variable, so a waiting caller does not burn a core.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -35,11 +35,10 @@ class OpState {
   bool done() const noexcept { return done_.load(std::memory_order_acquire); }
 
   void wait() {
-    // A short spin catches ops that complete within microseconds (small allreduces) without the
-    // cost of a sleep/wake pair; then block.
-    for (int i = 0; i < 2000 && !done(); ++i) {
-      if (i > 200) std::this_thread::yield();
-    }
+    // Block at once. The op is finished by the engine thread and the peer ranks, which on a small
+    // machine share these cores: a waiter that spins or yields takes the core they need, and on a
+    // loaded machine costs a scheduler tick (4 ms) where a futex wake costs ~10 us
+    // (docs/performance.md, "Waiting strategy").
     if (!done()) {
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return done(); });
