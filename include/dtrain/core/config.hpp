@@ -45,7 +45,7 @@ struct Config {
   double profile_interval_ms = 500;                  // DTRAIN_PROFILE_INTERVAL_MS
   // dtrain additions (not in Horovod):
   double op_timeout_seconds = 600;                   // DTRAIN_OP_TIMEOUT_SECONDS; 0 = no deadline
-  std::int64_t mpi_chunk_bytes = 4194304;            // DTRAIN_MPI_CHUNK_BYTES
+  std::int64_t mpi_chunk_bytes = 16777216;           // DTRAIN_MPI_CHUNK_BYTES
   bool fusion_pipeline = true;                       // DTRAIN_FUSION_PIPELINE
   std::string host_id;                               // DTRAIN_HOST_ID; empty = real host name
 

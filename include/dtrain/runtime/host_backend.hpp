@@ -37,7 +37,7 @@ class HostBackend final : public Backend {
  public:
   struct Options {
     MPI_Comm comm = MPI_COMM_NULL;
-    std::int64_t chunk_bytes = 4 << 20;
+    std::int64_t chunk_bytes = 16 << 20;  // Config::mpi_chunk_bytes
     bool pipeline = true;
     Timeline* timeline = nullptr;  // non-null on the rank that writes the timeline
     BackendStats* stats = nullptr;
