@@ -116,16 +116,20 @@ inline void host_alltoallv(const void* send, const std::vector<std::int64_t>& se
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  // Pairwise exchange: in step s, send to rank+s and receive from rank-s, chunk by chunk.
+  // Pairwise exchange: in step s, send to rank+s and receive from rank-s, chunk by chunk. The
+  // number of messages from a to b must be ceil(count / chunk) on both sides, whatever else either
+  // rank exchanges in that step, so a side with nothing left talks to MPI_PROC_NULL rather than
+  // sending (or waiting for) an empty message.
   for (int s = 0; s < size; ++s) {
     const int to = (rank + s) % size, from = (rank - s + size) % size;
     std::int64_t sent = 0, received = 0;
     while (sent < send_counts[to] || received < recv_counts[from]) {
       const int sc = static_cast<int>(std::min(chunk_elems, send_counts[to] - sent));
       const int rc = static_cast<int>(std::min(chunk_elems, recv_counts[from] - received));
-      mpi_check(MPI_Sendrecv(byte_ptr(send, sdispls[to] + sent, dtype), sc, type, to, 0,
-                             byte_ptr(recv, rdispls[from] + received, dtype), rc, type, from, 0,
-                             comm, MPI_STATUS_IGNORE),
+      mpi_check(MPI_Sendrecv(byte_ptr(send, sdispls[to] + sent, dtype), sc, type,
+                             sc > 0 ? to : MPI_PROC_NULL, 0,
+                             byte_ptr(recv, rdispls[from] + received, dtype), rc, type,
+                             rc > 0 ? from : MPI_PROC_NULL, 0, comm, MPI_STATUS_IGNORE),
                 "MPI_Sendrecv");
       sent += sc;
       received += rc;
