@@ -58,16 +58,22 @@ inline Topology make_topology(MPI_Comm world, const std::string& host_id_overrid
   }
   std::string id = host_id_override.empty() ? host_name() + "#" + std::to_string(shm_leader)
                                             : host_id_override;
-  constexpr int kMax = 256;
-  id.resize(kMax, '\0');
-  std::vector<char> all(static_cast<std::size_t>(kMax) * t.size);
-  mpi_check(MPI_Allgather(id.data(), kMax, MPI_CHAR, all.data(), kMax, MPI_CHAR, world),
+  // Whole ids, whatever their length: a fixed-size slot would merge hosts whose names differ only
+  // past its end.
+  const int length = static_cast<int>(id.size());
+  std::vector<int> lengths(t.size), offsets(t.size, 0);
+  mpi_check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, world),
             "MPI_Allgather");
+  for (int r = 1; r < t.size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
+  std::vector<char> all(static_cast<std::size_t>(offsets.back()) + lengths.back());
+  mpi_check(MPI_Allgatherv(id.data(), length, MPI_CHAR, all.data(), lengths.data(),
+                           offsets.data(), MPI_CHAR, world),
+            "MPI_Allgatherv");
 
   std::vector<std::string> hosts;  // in order of first appearance = lowest world rank
   t.host_of_rank.resize(t.size);
   for (int r = 0; r < t.size; ++r) {
-    std::string h(&all[static_cast<std::size_t>(r) * kMax], kMax);
+    std::string h(all.data() + offsets[r], static_cast<std::size_t>(lengths[r]));
     auto it = std::find(hosts.begin(), hosts.end(), h);
     t.host_of_rank[r] = static_cast<int>(it - hosts.begin());
     if (it == hosts.end()) hosts.push_back(h);
