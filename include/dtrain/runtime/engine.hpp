@@ -40,6 +40,7 @@
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/coordinator.hpp"
 #include "dtrain/runtime/host_backend.hpp"
+#include "dtrain/runtime/topology.hpp"
 
 namespace dtrain {
 
@@ -49,6 +50,7 @@ struct EngineStats {
   std::uint64_t fused_collectives = 0;  // of which packed several tensors
   std::uint64_t bytes_reduced = 0;
   std::uint64_t buffer_allocations = 0; // fusion/scratch buffer (re)allocations
+  std::uint64_t hierarchical_collectives = 0;  // allreduces run host by host
   std::uint64_t cache_ids_sent = 0;     // requests this rank sent as response-cache ids
   std::uint64_t requests_sent = 0;      // requests this rank sent in any form
   // Coordinator view (rank 0 only; zero elsewhere):
@@ -63,9 +65,19 @@ namespace detail {
 inline constexpr int kRequestTag = 1;
 inline constexpr int kResponseTag = 2;
 
+// What the engine hands a device backend: the data communicator (shared with the host backend;
+// both run on the engine thread), the host hierarchy (engine-owned duplicates of the topology's
+// communicators; invalid when the engine has no topology), counters, and the timeline (rank 0).
+struct BackendContext {
+  const Config* config = nullptr;
+  MPI_Comm data_comm = MPI_COMM_NULL;
+  HierarchyComms hierarchy;
+  BackendStats* stats = nullptr;
+  Timeline* timeline = nullptr;
+};
+
 // A device backend (CUDA/NCCL or staging) registers a factory here when its header is included.
-using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const Config&, MPI_Comm data_comm,
-                                                          BackendStats*);
+using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const BackendContext&);
 inline DeviceBackendFactory& device_backend_factory() noexcept {
   static DeviceBackendFactory f = nullptr;
   return f;
@@ -73,13 +85,17 @@ inline DeviceBackendFactory& device_backend_factory() noexcept {
 
 class Engine {
  public:
-  Engine(const Config& config, MPI_Comm world) : config_(config) {
+  // `topology` (optional) gives the host hierarchy for DTRAIN_HIERARCHICAL_ALLREDUCE and the
+  // device backend; the engine keeps its own duplicates of its communicators.
+  Engine(const Config& config, MPI_Comm world, const Topology* topology = nullptr)
+      : config_(config) {
     mpi_check(MPI_Comm_dup(world, &control_), "MPI_Comm_dup");
     mpi_check(MPI_Comm_dup(world, &data_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(world, &rank_);
     MPI_Comm_size(world, &size_);
+    if (topology) hierarchy_ = make_hierarchy(*topology);
     std::string setup_error;
     if (rank_ == 0) {
       CoordinatorOptions o;
@@ -119,6 +135,8 @@ class Engine {
     // Rank 0's setup can fail on its own (an unwritable DTRAIN_TIMELINE path). Init must then fail
     // on every rank: the others would otherwise wait forever for a coordinator that never started.
     if (std::string why = agree_on_setup(std::move(setup_error)); !why.empty()) {
+      if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
+      if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
       MPI_Comm_free(&control_);
       MPI_Comm_free(&data_);
       throw InvalidArgumentError(why);
@@ -129,6 +147,8 @@ class Engine {
     ho.pipeline = config.fusion_pipeline;
     ho.timeline = rank_ == 0 ? &timeline_ : nullptr;
     ho.stats = &backend_stats_;
+    ho.hierarchical = config.hierarchical_allreduce && hierarchy_.valid();
+    ho.hierarchy = hierarchy_;
     host_ = std::make_unique<HostBackend>(ho);
     thread_ = std::thread([this] { run(); });
     if (config.op_timeout_seconds > 0) watchdog_ = std::thread([this] { watchdog(); });
@@ -149,6 +169,9 @@ class Engine {
     }
     stop_watchdog();
     timeline_.stop();
+    device_.reset();  // before the communicators it may use
+    if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
+    if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
     MPI_Comm_free(&control_);
     MPI_Comm_free(&data_);
   }
@@ -222,6 +245,7 @@ class Engine {
     s.fused_collectives = backend_stats_.fused_collectives.load();
     s.bytes_reduced = backend_stats_.bytes_reduced.load();
     s.buffer_allocations = host_->buffer_allocations();
+    s.hierarchical_collectives = backend_stats_.hierarchical_collectives.load();
     s.cache_ids_sent = cache_ids_sent_.load();
     s.requests_sent = requests_sent_.load();
     std::lock_guard lock(coordinator_stats_mutex_);
@@ -237,6 +261,22 @@ class Engine {
     std::string out(s);
     for (auto& c : out) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     return out;
+  }
+
+  static HierarchyComms make_hierarchy(const Topology& t) {
+    HierarchyComms h;
+    mpi_check(MPI_Comm_dup(t.local_comm, &h.local), "MPI_Comm_dup");
+    mpi_check(MPI_Comm_dup(t.cross_comm, &h.cross), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(h.local, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(h.cross, MPI_ERRORS_RETURN);
+    h.local_rank = t.local_rank;
+    h.local_size = t.local_size;
+    h.cross_rank = t.cross_rank;
+    h.cross_size = t.cross_size;
+    h.hosts = static_cast<int>(t.local_sizes.size());
+    h.parts = t.local_sizes.empty() ? 1 : *std::min_element(t.local_sizes.begin(), t.local_sizes.end());
+    h.homogeneous = t.homogeneous;
+    return h;
   }
 
   // Rank 0's setup error (empty: none), as every rank learns it.
@@ -534,7 +574,13 @@ class Engine {
         throw InvalidArgumentError("dtrain: a device (CUDA) tensor reached the engine, but this "
                                    "program was built without dtrain's CUDA support: include "
                                    "<dtrain/cuda.hpp> and link dtrain::cuda");
-      device_ = factory(config_, data_, &backend_stats_);
+      BackendContext ctx;
+      ctx.config = &config_;
+      ctx.data_comm = data_;
+      ctx.hierarchy = hierarchy_;
+      ctx.stats = &backend_stats_;
+      ctx.timeline = rank_ == 0 ? &timeline_ : nullptr;
+      device_ = factory(ctx);
     }
     return device_.get();
   }
@@ -599,6 +645,7 @@ class Engine {
   Config config_;
   MPI_Comm control_ = MPI_COMM_NULL;
   MPI_Comm data_ = MPI_COMM_NULL;
+  HierarchyComms hierarchy_;
   int rank_ = 0, size_ = 1;
 
   std::mutex mutex_;  // guards everything the user threads touch

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/host_collectives.hpp"
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/fusion_buffer.hpp"
@@ -23,6 +24,7 @@ struct BackendStats {
   std::atomic<std::uint64_t> fused_collectives{0};
   std::atomic<std::uint64_t> bytes_reduced{0};
   std::atomic<std::uint64_t> buffer_allocations{0};
+  std::atomic<std::uint64_t> hierarchical_collectives{0};  // allreduces run host by host
 };
 
 // Average becomes Sum with the division folded into the postscale.
@@ -41,6 +43,9 @@ class HostBackend final : public Backend {
     bool pipeline = true;
     Timeline* timeline = nullptr;  // non-null on the rank that writes the timeline
     BackendStats* stats = nullptr;
+    // DTRAIN_HIERARCHICAL_ALLREDUCE: allreduce through `hierarchy` (comm/hierarchical.hpp).
+    bool hierarchical = false;
+    HierarchyComms hierarchy;
   };
   explicit HostBackend(Options o) : opt_(o) {
     MPI_Comm_rank(o.comm, &rank_);
@@ -65,11 +70,11 @@ class HostBackend final : public Backend {
   }
 
   std::uint64_t buffer_allocations() const noexcept {
-    return fusion_.allocations() + scratch_.allocations();
+    return fusion_.allocations() + scratch_.allocations() + piece_.allocations();
   }
 
   // The time each entry's response arrived; set by the engine before execute().
-  void set_response_arrival(Clock::time_point t) noexcept { arrival_ = t; }
+  void set_response_arrival(std::chrono::steady_clock::time_point t) noexcept { arrival_ = t; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -79,11 +84,19 @@ class HostBackend final : public Backend {
   Clock::time_point queued_since(const Entry*, Clock::time_point) const noexcept { return arrival_; }
   std::int64_t chunk(DataType d) const noexcept { return chunk_elements(opt_.chunk_bytes, d); }
 
+  void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems) {
+    if (opt_.hierarchical)
+      hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems);
+    else
+      host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems);
+  }
+
   void allreduce(const Response& r, std::span<Entry* const> entries) {
     const DataType dtype = r.dtype;
     const ReduceOp op = effective_op(r);
     const double post = effective_postscale(r);
     const std::size_t es = element_size(dtype);
+    if (opt_.hierarchical) opt_.stats->hierarchical_collectives.fetch_add(1, std::memory_order_relaxed);
     opt_.stats->bytes_reduced.fetch_add(static_cast<std::uint64_t>(r.total_numel()) * es,
                                         std::memory_order_relaxed);
     if (entries.size() == 1 && entries[0]) {
@@ -93,7 +106,7 @@ class HostBackend final : public Backend {
       auto t0 = Clock::now();
       scale_in_place(dtype, e.data, n, r.prescale);
       auto t1 = Clock::now();
-      host_allreduce(e.data, n, dtype, op, opt_.comm, chunk(dtype));
+      reduce(e.data, n, dtype, op, chunk(dtype));
       auto t2 = Clock::now();
       scale_in_place(dtype, e.data, n, post);
       if (auto* tl = timeline()) {
@@ -126,7 +139,7 @@ class HostBackend final : public Backend {
     pipeline_.run(job, [&](std::int64_t k) {
       if (k == 0) reduce_begin = Clock::now();
       const std::int64_t lo = k * job.piece, n = std::min(job.piece, job.total - lo);
-      host_allreduce(byte_ptr(job.buffer, lo, dtype), n, dtype, op, opt_.comm, job.piece);
+      reduce(byte_ptr(job.buffer, lo, dtype), n, dtype, op, job.piece);
       if (k + 1 == pieces) reduce_end = Clock::now();
     }, opt_.pipeline);
     auto t3 = Clock::now();
@@ -226,6 +239,7 @@ class HostBackend final : public Backend {
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;
   HostBuffer scratch_;
+  HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
   FusionPipeline pipeline_;
   Clock::time_point arrival_;
 };

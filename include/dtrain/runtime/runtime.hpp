@@ -84,7 +84,7 @@ inline void init_impl(const Config& config, int* argc, char*** argv) {
   half_ops().create();
   rt->topology = make_topology(rt->world, config.host_id);
   log_rank.store(rt->topology.rank);
-  rt->engine = std::make_unique<Engine>(config, rt->world);
+  rt->engine = std::make_unique<Engine>(config, rt->world, &rt->topology);
   runtime_slot() = std::move(rt);
 }
 

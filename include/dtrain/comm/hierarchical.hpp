@@ -1,0 +1,101 @@
+#pragma once
+// Hierarchical allreduce on host memory: reduce-scatter inside each host, allreduce across hosts,
+// allgather inside each host. The device backend runs the same plan with NCCL.
+//
+// Note [Hierarchical parts]
+// The buffer is cut into `parts` pieces, where parts = the smallest number of ranks on any host.
+// Local rank k < parts owns piece k on every host, so the ranks that own piece k (local rank k on
+// each host) are exactly the members of cross communicator k, and every host has such a rank.
+// Local ranks >= parts (only on hosts larger than the smallest) own nothing: they take part in
+// the host's reduce-scatter and allgather with a count of zero and skip the cross-host step, as
+// do all the other members of their cross communicator. On homogeneous jobs parts = local_size,
+// the usual algorithm. Pieces differ by at most one element: the first n % parts take one more.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/host_collectives.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/runtime/fusion_buffer.hpp"
+
+namespace dtrain::detail {
+
+// The two-level view of the job that hierarchical allreduce runs on.
+struct HierarchyComms {
+  MPI_Comm local = MPI_COMM_NULL;  // ranks on this host, ordered by local rank
+  MPI_Comm cross = MPI_COMM_NULL;  // ranks with this local rank, one per host, in host order
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+  int parts = 1;  // smallest local size over all hosts: see Note [Hierarchical parts]
+  int hosts = 1;
+  bool homogeneous = true;  // every host has the same number of ranks (then parts == local_size)
+
+  bool valid() const noexcept { return local != MPI_COMM_NULL && cross != MPI_COMM_NULL; }
+};
+
+// Which elements of an n-element buffer each local rank owns.
+struct HierarchicalPlan {
+  std::vector<std::int64_t> counts;  // per local rank; 0 for local ranks >= parts
+  std::vector<std::int64_t> displs;  // element offset of each local rank's piece
+
+  std::int64_t largest() const noexcept {
+    return counts.empty() ? 0 : *std::max_element(counts.begin(), counts.end());
+  }
+};
+
+inline HierarchicalPlan plan_hierarchical(std::int64_t n, int local_size, int parts) {
+  if (n < 0 || local_size < 1 || parts < 1 || parts > local_size)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: hierarchical allreduce plan for {} elements over {} local ranks in {} parts: "
+        "expected n >= 0 and 1 <= parts <= local_size",
+        n, local_size, parts));
+  HierarchicalPlan p;
+  p.counts.assign(static_cast<std::size_t>(local_size), 0);
+  p.displs.assign(static_cast<std::size_t>(local_size), 0);
+  const std::int64_t base = n / parts, extra = n % parts;
+  std::int64_t offset = 0;
+  for (int k = 0; k < local_size; ++k) {
+    p.displs[k] = offset;
+    if (k < parts) p.counts[k] = base + (k < extra ? 1 : 0);
+    offset += p.counts[k];
+  }
+  return p;
+}
+
+// In-place allreduce of `n` elements of `buf` through the host hierarchy. `op` must not be
+// Average (fold it into a postscale). `scratch` holds this rank's piece between the steps.
+// Collective over both communicators of `h`.
+inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op,
+                                   const HierarchyComms& h, HostBuffer& scratch,
+                                   std::int64_t chunk_elems) {
+  if (!h.valid())
+    throw Error("dtrain: internal error: hierarchical allreduce without host communicators");
+  const HierarchicalPlan plan = plan_hierarchical(n, h.local_size, h.parts);
+  const std::int64_t mine = plan.counts[h.local_rank];
+  const std::size_t es = element_size(dtype);
+  // Never a zero-byte reservation: MPI rejects a null send buffer even for a zero count.
+  void* piece = scratch.reserve(static_cast<std::size_t>(std::max<std::int64_t>(mine, 1)) * es);
+
+  host_reduce_scatter(buf, piece, plan.counts, dtype, op, h.local, chunk_elems);
+  if (mine > 0 && h.cross_size > 1) host_allreduce(piece, mine, dtype, op, h.cross, chunk_elems);
+
+  // Allgather inside the host, in place: this rank's piece goes where it would be received.
+  if (mine > 0) std::memcpy(byte_ptr(buf, plan.displs[h.local_rank], dtype), piece, mine * es);
+  if (fits_in_count(plan.counts)) {
+    auto c = to_int(plan.counts), d = to_int(plan.displs);
+    mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(),
+                             mpi_datatype(dtype), h.local),
+              "MPI_Allgatherv");
+  } else {
+    for (int k = 0; k < h.local_size; ++k)
+      host_broadcast(byte_ptr(buf, plan.displs[k], dtype), plan.counts[k], dtype, k, h.local,
+                     chunk_elems);
+  }
+}
+
+}  // namespace dtrain::detail
