@@ -1,0 +1,173 @@
+#pragma once
+// GPU selection and device memory: the public dtrain::cuda::set_device_from_local_rank(), and the
+// internal allocator, device guard and buffers the device backends use.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <new>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/cuda/error.hpp"
+#include "dtrain/runtime/runtime.hpp"
+
+namespace dtrain {
+namespace cuda {
+
+// Number of CUDA devices this process can see; 0 when there is none or no usable driver.
+inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" state so later calls report their own errors
+    return 0;
+  }
+  return n;
+}
+
+inline bool is_available() noexcept { return device_count() > 0; }
+
+// Makes GPU (local_rank % device_count) current on the calling thread and returns its index: the
+// usual one-GPU-per-process layout. Call after dtrain::init(), before creating device tensors.
+inline int set_device_from_local_rank() {
+  const int local = dtrain::local_rank();  // throws NotInitializedError before init()
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    throw Error(fmt::format(
+        "dtrain::cuda::set_device_from_local_rank(): rank {} (local rank {}) sees no CUDA device "
+        "({}). Check that the NVIDIA driver is installed (nvidia-smi), that CUDA_VISIBLE_DEVICES "
+        "is not empty for this process, and that the job runs on GPU nodes.",
+        dtrain::rank(), local,
+        e == cudaSuccess ? std::string("cudaGetDeviceCount reported 0 devices")
+                         : std::string(cudaGetErrorString(e))));
+  }
+  const int device = local % n;
+  detail::cuda_check(cudaSetDevice(device),
+                     fmt::format("cudaSetDevice({}) for local rank {}", device, local));
+  if (dtrain::local_size() > n && local == 0)
+    detail::log(LogLevel::warning,
+                "dtrain: {} ranks on this host share {} GPU(s); NCCL needs one GPU per rank, so "
+                "device tensors will go through pinned host memory over MPI (slower)",
+                dtrain::local_size(), n);
+  return device;
+}
+
+}  // namespace cuda
+
+namespace detail {
+
+// Makes `device` current for a scope and restores the previous device.
+class DeviceGuard {
+ public:
+  // `purpose` names what the device is needed for, in error messages.
+  explicit DeviceGuard(int device, std::string_view purpose = {}) {
+    auto what = [&](std::string_view call) {
+      return purpose.empty() ? std::string(call) : fmt::format("{} for {}", call, purpose);
+    };
+    cuda_check(cudaGetDevice(&previous_), what("cudaGetDevice"));
+    if (previous_ != device)
+      cuda_check(cudaSetDevice(device), what(fmt::format("cudaSetDevice({})", device)));
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() {
+    int now = -1;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+};
+
+// OwnedTensor memory on a GPU (registered as detail::cuda_allocator() by <dtrain/cuda.hpp>).
+inline void* cuda_allocate(std::size_t bytes, int device) {
+  const std::string what = fmt::format("cudaMalloc of {} bytes on cuda:{}", bytes, device);
+  DeviceGuard guard(device, what);
+  void* p = nullptr;
+  cuda_check(cudaMalloc(&p, bytes == 0 ? 1 : bytes), what);
+  return p;
+}
+inline void cuda_deallocate(void* p, int device) noexcept {
+  int previous = -1;
+  cudaGetDevice(&previous);
+  if (previous != device) cudaSetDevice(device);
+  cudaFree(p);
+  if (previous >= 0 && previous != device) cudaSetDevice(previous);
+}
+
+// A persistent device buffer that only grows (fusion and scratch space).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  // Frees the memory (call with the buffer's device current).
+  void reset() noexcept {
+    if (data_) cudaFree(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  // On the current device. Contents are unspecified after growth; the caller makes sure no
+  // device work still uses the old memory (the device backends complete every op before the next).
+  void* reserve(std::size_t bytes) {
+    if (bytes <= capacity_ && data_) return data_;
+    std::size_t cap = std::max<std::size_t>(bytes, capacity_ + capacity_ / 2);
+    cap = (cap + (std::size_t{2} << 20) - 1) / (std::size_t{2} << 20) * (std::size_t{2} << 20);
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, cap), fmt::format("cudaMalloc of a {} byte device buffer", cap));
+    if (data_) cudaFree(data_);
+    data_ = p;
+    capacity_ = cap;
+    ++allocations_;
+    return data_;
+  }
+  void* data() const noexcept { return data_; }
+  std::size_t capacity() const noexcept { return capacity_; }
+  std::uint64_t allocations() const noexcept { return allocations_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::uint64_t allocations_ = 0;
+};
+
+// Page-locked host memory: device copies to and from it run asynchronously at full speed.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() {
+    if (data_) cudaFreeHost(data_);
+  }
+  void* reserve(std::size_t bytes) {
+    if (bytes <= capacity_ && data_) return data_;
+    std::size_t cap = std::max<std::size_t>(bytes, capacity_ + capacity_ / 2);
+    cap = (cap + 4095) / 4096 * 4096;
+    void* p = nullptr;
+    cuda_check(cudaHostAlloc(&p, cap, cudaHostAllocPortable),
+               fmt::format("cudaHostAlloc of a {} byte pinned staging buffer", cap));
+    if (data_) cudaFreeHost(data_);
+    data_ = p;
+    capacity_ = cap;
+    ++allocations_;
+    return data_;
+  }
+  void* data() const noexcept { return data_; }
+  std::uint64_t allocations() const noexcept { return allocations_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::uint64_t allocations_ = 0;
+};
+
+}  // namespace detail
+}  // namespace dtrain
