@@ -1,0 +1,163 @@
+#include "options.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <system_error>
+#include <type_traits>
+
+namespace resnet {
+namespace {
+
+template <class T>
+T parse_number(const std::string& flag, const std::string& text) {
+  T value{};
+  const auto* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec != std::errc() || ptr != end || text.empty()) {
+    throw UsageError("--" + flag + ": '" + text + "' is not a valid " +
+                     (std::is_floating_point_v<T> ? "number" : "integer"));
+  }
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(value)) throw UsageError("--" + flag + ": '" + text + "' is not finite");
+  }
+  return value;
+}
+
+void require(bool ok, const std::string& flag, const std::string& what, const std::string& text) {
+  if (!ok) throw UsageError("--" + flag + " must be " + what + ", got " + text);
+}
+
+}  // namespace
+
+std::string usage(const std::string& program) {
+  return "usage: " + program + R"( [options]
+
+Trains a ResNet image classifier and reports loss, accuracy and throughput per epoch.
+
+  --model NAME              resnet8 (default), resnet20, resnet32, resnet44, resnet56, resnet110
+                            (CIFAR-style), resnet18, resnet34, resnet50 (ImageNet-style)
+  --dataset NAME            fashion-mnist (default), cifar10, imagefolder, synthetic
+  --data-dir DIR            fashion-mnist: default /usr/share/datasets/fashion-mnist
+                            (apt-get install dataset-fashion-mnist); cifar10: the unpacked
+                            cifar-10-binary.tar.gz; imagefolder: DIR/train/<class>/<image> and
+                            DIR/val/<class>/<image>
+  --epochs N                training epochs (default 3)
+  --batch-size N            samples per step (default 128)
+  --lr X                    peak learning rate of SGD (default 0.1), cosine-decayed to 0
+  --momentum X              SGD momentum in [0, 1) (default 0.9)
+  --weight-decay X          L2 penalty (default 5e-4)
+  --warmup-epochs X         linear learning-rate warmup from 0 over X epochs (default 0)
+  --seed N                  seed of initialisation, shuffling and augmentation (default 42)
+  --threads N               intra-op threads (default 0: one per core)
+  --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)
+  --eval-samples N          evaluate on the first N test samples (default 0: all)
+  --augment                 random crop with padding and horizontal flip
+  --image-size N            imagefolder and synthetic image side (default 64 and 32)
+  --synthetic-samples N     synthetic training samples (default 4096; test: N/8)
+  --checkpoint-dir DIR      write DIR/model.pt and DIR/optimizer.pt after every epoch
+  --quiet                   print only the final summary
+  --help                    print this text
+)";
+}
+
+TrainOptions parse_options(const std::vector<std::string>& args) {
+  TrainOptions o;
+  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
+  auto integer = [](std::int64_t& field, std::int64_t minimum) {
+    return Setter([&field, minimum](const std::string& flag, const std::string& value) {
+      field = parse_number<std::int64_t>(flag, value);
+      require(field >= minimum, flag, ">= " + std::to_string(minimum), value);
+    });
+  };
+  auto real = [](double& field, double minimum, double below, std::string accepted) {
+    return Setter(
+        [&field, minimum, below, accepted](const std::string& flag, const std::string& value) {
+          field = parse_number<double>(flag, value);
+          require(field >= minimum && field < below, flag, accepted, value);
+        });
+  };
+  auto text = [](std::string& field) {
+    return Setter([&field](const std::string& flag, const std::string& value) {
+      require(!value.empty(), flag, "non-empty", "''");
+      field = value;
+    });
+  };
+  const double huge = std::numeric_limits<double>::infinity();
+  const std::map<std::string, Setter> with_value = {
+      {"model", text(o.model)},
+      {"dataset",
+       [&o](const std::string& flag, const std::string& value) {
+         require(value == "fashion-mnist" || value == "cifar10" || value == "imagefolder" ||
+                     value == "synthetic",
+                 flag, "one of fashion-mnist, cifar10, imagefolder, synthetic", value);
+         o.dataset = value;
+       }},
+      {"data-dir", text(o.data_dir)},
+      {"epochs", integer(o.epochs, 1)},
+      {"batch-size", integer(o.batch_size, 1)},
+      {"lr",
+       [&o](const std::string& flag, const std::string& value) {
+         o.lr = parse_number<double>(flag, value);
+         require(o.lr > 0, flag, "positive", value);
+       }},
+      {"momentum", real(o.momentum, 0.0, 1.0, "in [0, 1)")},
+      {"weight-decay", real(o.weight_decay, 0.0, huge, ">= 0")},
+      {"warmup-epochs", real(o.warmup_epochs, 0.0, huge, ">= 0")},
+      {"seed",
+       [&o](const std::string& flag, const std::string& value) {
+         o.seed = parse_number<std::uint64_t>(flag, value);
+       }},
+      {"threads", integer(o.threads, 0)},
+      {"max-steps-per-epoch", integer(o.max_steps_per_epoch, 0)},
+      {"eval-samples", integer(o.eval_samples, 0)},
+      {"image-size", integer(o.image_size, 1)},
+      {"synthetic-samples", integer(o.synthetic_samples, 2)},
+      {"checkpoint-dir", text(o.checkpoint_dir)},
+  };
+  const std::map<std::string, bool*> switches = {
+      {"augment", &o.augment}, {"quiet", &o.quiet}, {"help", &o.help}};
+
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      throw UsageError("unexpected argument '" + arg + "'; options start with --");
+    }
+    std::string flag = arg.substr(2);
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag.resize(eq);
+      has_value = true;
+    }
+    if (const auto it = switches.find(flag); it != switches.end()) {
+      if (has_value) throw UsageError("--" + flag + " takes no value");
+      *it->second = true;
+    } else if (const auto setter = with_value.find(flag); setter != with_value.end()) {
+      if (!has_value) {
+        if (i + 1 >= args.size()) throw UsageError("--" + flag + " needs a value");
+        value = args[++i];
+      }
+      setter->second(flag, value);
+    } else {
+      throw UsageError("unknown option '--" + flag + "'");
+    }
+  }
+  if (o.warmup_epochs > static_cast<double>(o.epochs)) {
+    std::ostringstream message;
+    message << "--warmup-epochs (" << o.warmup_epochs << ") must not exceed --epochs (" << o.epochs
+            << ")";
+    throw UsageError(message.str());
+  }
+  return o;
+}
+
+TrainOptions parse_options(int argc, const char* const* argv) {
+  return parse_options(std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
+}
+
+}  // namespace resnet

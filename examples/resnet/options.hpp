@@ -1,0 +1,47 @@
+#pragma once
+// Command-line options of the ResNet trainer. Kept free of libtorch so parsing is cheap to test.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace resnet {
+
+// A flag the trainer does not accept, or a value it cannot use. The trainer prints the message and
+// the usage text and exits with status 2.
+class UsageError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct TrainOptions {
+  std::string model = "resnet8";
+  std::string dataset = "fashion-mnist";  // fashion-mnist | cifar10 | imagefolder | synthetic
+  std::string data_dir;                   // empty: the dataset's default location
+  std::int64_t epochs = 3;
+  std::int64_t batch_size = 128;
+  double lr = 0.1;
+  double momentum = 0.9;
+  double weight_decay = 5e-4;
+  double warmup_epochs = 0.0;
+  std::uint64_t seed = 42;
+  std::int64_t threads = 0;              // 0: every core
+  std::int64_t max_steps_per_epoch = 0;  // 0: the whole training set every epoch
+  std::int64_t eval_samples = 0;         // 0: the whole test set
+  bool augment = false;                  // random crop (padding 2 or 4) + flip
+  std::int64_t image_size = 0;           // imagefolder / synthetic; 0: 64 resp. 32
+  std::int64_t synthetic_samples = 4096;
+  std::string checkpoint_dir;  // empty: no checkpoints
+  bool quiet = false;
+  bool help = false;
+};
+
+// The usage text, `program` being argv[0].
+std::string usage(const std::string& program);
+
+// Accepts `--flag value` and `--flag=value`. Throws UsageError naming the flag and what it accepts.
+TrainOptions parse_options(const std::vector<std::string>& args);
+TrainOptions parse_options(int argc, const char* const* argv);
+
+}  // namespace resnet

@@ -1,0 +1,206 @@
+// The trainer binary end to end: exit codes, messages, and learning on a small generated dataset.
+
+#include "test_helpers.hpp"  // first: see Note [glog's CHECK]
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "file_writers.hpp"
+#include "models.hpp"
+#include "temp_dir.hpp"
+
+#ifndef RESNET_TRAIN_EXECUTABLE
+#error "RESNET_TRAIN_EXECUTABLE must name the trainer binary"
+#endif
+
+namespace {
+
+using namespace resnet::test;
+namespace fs = std::filesystem;
+
+struct Result {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Result train(const std::vector<std::string>& args) {
+  std::string command = "'" RESNET_TRAIN_EXECUTABLE "'";
+  for (const auto& arg : args) command += " '" + arg + "'";
+  command += " 2>&1";
+  Result result;
+  FILE* pipe = popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::array<char, 4096> buffer{};
+  while (const auto n = std::fread(buffer.data(), 1, buffer.size(), pipe)) {
+    result.output.append(buffer.data(), n);
+  }
+  const int status = pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+struct EpochLine {
+  int epoch = 0;
+  double loss = 0, train_accuracy = 0, test_loss = 0, test_accuracy = 0;
+};
+
+std::vector<EpochLine> epoch_lines(const std::string& output) {
+  std::vector<EpochLine> lines;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    EpochLine e;
+    int total = 0;
+    if (std::sscanf(line.c_str(),
+                    "epoch %d/%d loss %lf train acc %lf%% test loss %lf test acc %lf%%", &e.epoch,
+                    &total, &e.loss, &e.train_accuracy, &e.test_loss, &e.test_accuracy) == 6) {
+      lines.push_back(e);
+    }
+  }
+  return lines;
+}
+
+// Four texture classes a ResNet tells apart in a few dozen steps (global average pooling keeps
+// texture, not position): horizontal stripes, vertical stripes, checkerboard, diagonal stripes,
+// each with a random phase and additive noise.
+Bytes texture_images(std::uint32_t n, Bytes& labels, std::uint32_t& state) {
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return state >> 8;
+  };
+  Bytes pixels;
+  labels.clear();
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const auto label = static_cast<std::uint8_t>(i % 4);
+    const auto phase = next() % 4;
+    labels.push_back(label);
+    for (std::uint32_t y = 0; y < 28; ++y) {
+      for (std::uint32_t x = 0; x < 28; ++x) {
+        const std::uint32_t u = label == 0   ? y
+                                : label == 1 ? x
+                                : label == 2 ? (x / 2 + y / 2) * 2
+                                             : x + y;
+        const bool on = ((u + phase) / 2) % 2 == 0;
+        pixels.push_back(static_cast<std::uint8_t>((on ? 150 : 0) + next() % 100));
+      }
+    }
+  }
+  return pixels;
+}
+
+void write_texture_dataset(const fs::path& dir) {
+  std::uint32_t state = 2024;
+  Bytes labels;
+  auto pixels = texture_images(640, labels, state);
+  write_gzip(dir / "train-images-idx3-ubyte.gz", idx({640, 28, 28}, pixels));
+  write_gzip(dir / "train-labels-idx1-ubyte.gz", idx({640}, labels));
+  pixels = texture_images(200, labels, state);
+  write_gzip(dir / "t10k-images-idx3-ubyte.gz", idx({200, 28, 28}, pixels));
+  write_gzip(dir / "t10k-labels-idx1-ubyte.gz", idx({200}, labels));
+}
+
+}  // namespace
+
+TEST_CASE("trainer: a bad flag prints the usage and exits 2") {
+  const auto result = train({"--bogus"});
+  CHECK(result.exit_code == 2);
+  CHECK(contains(result.output, "unknown option '--bogus'"));
+  CHECK(contains(result.output, "usage: resnet_train [options]"));
+}
+
+TEST_CASE("trainer: an unknown model is a usage error, found before any data is read") {
+  const auto result = train({"--model", "resnet19", "--data-dir", "/nonexistent"});
+  CHECK(result.exit_code == 2);
+  CHECK(contains(result.output, "--model must be one of resnet8, resnet20"));
+  CHECK(contains(result.output, "got resnet19"));
+}
+
+TEST_CASE("trainer: --help prints the usage and exits 0") {
+  const auto result = train({"--help"});
+  CHECK(result.exit_code == 0);
+  CHECK(contains(result.output, "--max-steps-per-epoch"));
+}
+
+TEST_CASE("trainer: missing data stops with the file and how to get it") {
+  TempDir dir;
+  const auto result = train({"--data-dir", (dir / "missing").string()});
+  CHECK(result.exit_code == 1);
+  CHECK(contains(result.output, (dir / "missing").string()));
+  CHECK(contains(result.output, "apt-get install dataset-fashion-mnist"));
+  CHECK(epoch_lines(result.output).empty());
+}
+
+TEST_CASE("trainer: learns a generated IDX dataset, reproducibly, and writes checkpoints") {
+  TempDir dir;
+  write_texture_dataset(dir.path());
+  const std::vector<std::string> args = {"--data-dir",
+                                         dir.path().string(),
+                                         "--model",
+                                         "resnet8",
+                                         "--epochs",
+                                         "3",
+                                         "--batch-size",
+                                         "32",
+                                         "--lr",
+                                         "0.05",
+                                         "--threads",
+                                         "1",
+                                         "--seed",
+                                         "5",
+                                         "--checkpoint-dir",
+                                         (dir / "ckpt").string()};
+  const auto first = train(args);
+  INFO(first.output);
+  REQUIRE(first.exit_code == 0);
+  CHECK(contains(first.output, "resnet8 on fashion-mnist: 640 train / 200 test images of 1x28x28"));
+  CHECK(contains(first.output, "20 steps per epoch"));
+  CHECK(contains(first.output, "final: 3 epochs"));
+  const auto epochs = epoch_lines(first.output);
+  REQUIRE(epochs.size() == 3);
+  CHECK(epochs[2].loss < epochs[0].loss);
+  // Four balanced classes: chance is 25%.
+  CHECK(epochs[2].test_accuracy > 75.0);
+
+  // Same seed, same thread count: the same numbers, epoch by epoch.
+  const auto again = epoch_lines(train(args).output);
+  REQUIRE(again.size() == 3);
+  for (std::size_t e = 0; e < 3; ++e) {
+    CHECK(again[e].loss == epochs[e].loss);
+    CHECK(again[e].test_accuracy == epochs[e].test_accuracy);
+  }
+
+  // The checkpoint loads into a fresh model and holds the trained weights, not the initial ones.
+  REQUIRE(fs::exists(dir / "ckpt" / "model.pt"));
+  CHECK(fs::exists(dir / "ckpt" / "optimizer.pt"));
+  CHECK_FALSE(fs::exists(dir / "ckpt" / "model.pt.tmp"));
+  torch::manual_seed(5);
+  const auto fresh = resnet::make_model("resnet8", {.in_channels = 1, .num_classes = 10});
+  auto loaded = resnet::make_model("resnet8", {.in_channels = 1, .num_classes = 10});
+  auto as_module = std::static_pointer_cast<torch::nn::Module>(loaded);
+  torch::load(as_module, (dir / "ckpt" / "model.pt").string());
+  CHECK_FALSE(loaded->parameters()[0].equal(fresh->parameters()[0]));
+}
+
+TEST_CASE("trainer: step and evaluation limits, --quiet, and the synthetic dataset") {
+  const auto result =
+      train({"--dataset", "synthetic", "--synthetic-samples", "256", "--image-size", "16",
+             "--model", "resnet8", "--epochs", "2", "--batch-size", "16", "--max-steps-per-epoch",
+             "5", "--eval-samples", "10", "--threads", "1"});
+  INFO(result.output);
+  REQUIRE(result.exit_code == 0);
+  CHECK(contains(result.output, "resnet8 on synthetic: 256 train / 10 test images of 3x16x16"));
+  CHECK(contains(result.output, "5 steps per epoch"));
+  CHECK(epoch_lines(result.output).size() == 2);
+
+  const auto quiet =
+      train({"--dataset", "synthetic", "--synthetic-samples", "64", "--image-size", "8", "--epochs",
+             "1", "--batch-size", "16", "--quiet", "--threads", "1"});
+  CHECK(quiet.exit_code == 0);
+  CHECK(quiet.output.rfind("final: 1 epochs", 0) == 0);
+  CHECK(std::count(quiet.output.begin(), quiet.output.end(), '\n') == 1);
+}
