@@ -29,30 +29,42 @@ inline std::string describe_param(const ParamDescriptor& d) {
   return fmt::format("'{}' {} [{}]", d.name, to_string(d.dtype), fmt::join(d.shape, ", "));
 }
 
+// Collective. `local_error` (empty if none) is a problem this rank found in its own list, such as
+// a duplicate name: it travels with the descriptors, so every rank throws instead of the others
+// waiting forever in a broadcast the failing rank never submits.
 inline void check_same_parameters(const std::vector<ParamDescriptor>& mine, int root_rank,
-                                  std::string_view what) {
+                                  std::string_view what, std::string local_error = {}) {
   using Wire = std::vector<std::pair<std::string, std::pair<std::uint8_t, std::vector<std::int64_t>>>>;
-  Wire wire;
+  const int world = size();
+  if (local_error.empty() && (root_rank < 0 || root_rank >= world))
+    local_error = fmt::format("root_rank {} is not a rank of this world of size {}", root_rank, world);
+  std::pair<std::string, Wire> message{std::move(local_error), {}};
   for (const auto& d : mine)
-    wire.push_back({d.name, {static_cast<std::uint8_t>(d.dtype), d.shape}});
-  const auto all = allgather_object(wire, fmt::format("{}.check", what));
-  const Wire& ref = all[static_cast<std::size_t>(root_rank)];
+    message.second.push_back({d.name, {static_cast<std::uint8_t>(d.dtype), d.shape}});
+  const auto all = allgather_object(message, fmt::format("{}.check", what));
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].first.empty())
+      throw InvalidArgumentError(fmt::format("dtrain: {}: on rank {}: {}", what, r, all[r].first));
+  const Wire& ref = all[static_cast<std::size_t>(root_rank)].second;
+  auto show = [](const Wire& w, std::size_t i) {
+    if (i >= w.size()) return std::string("no parameter");
+    const auto& t = w[i];
+    return describe_param({t.first, static_cast<DataType>(t.second.first), t.second.second});
+  };
   for (std::size_t r = 0; r < all.size(); ++r) {
-    const Wire& other = all[r];
-    if (other.size() != ref.size())
-      throw MismatchError(fmt::format(
-          "dtrain: {}: rank {} has {} parameters but root rank {} has {}: build the same model "
-          "on every rank before broadcasting",
-          what, r, other.size(), root_rank, ref.size()));
-    for (std::size_t i = 0; i < ref.size(); ++i) {
-      if (other[i] == ref[i]) continue;
-      auto show = [](const auto& t) {
-        return describe_param({t.first, static_cast<DataType>(t.second.first), t.second.second});
-      };
-      throw MismatchError(fmt::format(
-          "dtrain: {}: parameter #{} differs: rank {} has {}, root rank {} has {}", what, i, r,
-          show(other[i]), root_rank, show(ref[i])));
-    }
+    const Wire& other = all[r].second;
+    std::size_t i = 0;
+    while (i < ref.size() && i < other.size() && other[i] == ref[i]) ++i;
+    if (i == ref.size() && i == other.size()) continue;
+    const std::string count =
+        other.size() == ref.size()
+            ? std::string()
+            : fmt::format(" (rank {} has {} parameters, root rank {} has {}: build the same model "
+                          "on every rank before broadcasting)",
+                          r, other.size(), root_rank, ref.size());
+    throw MismatchError(fmt::format(
+        "dtrain: {}: parameter #{} differs: rank {} has {}, root rank {} has {}{}", what, i, r,
+        show(other, i), root_rank, show(ref, i), count));
   }
 }
 
@@ -67,12 +79,11 @@ void broadcast_named(NamedRange&& named, int root_rank, std::string_view what) {
   for (auto&& [n, t] : named) names.emplace_back(n);
   std::vector<std::string> sorted = names;
   std::sort(sorted.begin(), sorted.end());
-  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
-    throw InvalidArgumentError(fmt::format("dtrain: {}: parameter name '{}' appears twice: names "
-                                           "must be unique", what, *dup));
-  for (const auto& n : names)
-    if (n.empty())
-      throw InvalidArgumentError(fmt::format("dtrain: {}: a parameter has an empty name", what));
+  std::string error;
+  if (!sorted.empty() && sorted.front().empty())
+    error = "a parameter has an empty name: every parameter needs a unique, non-empty name";
+  else if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
+    error = fmt::format("parameter name '{}' appears twice: names must be unique", *dup);
   // Sorting by name makes the order rank-independent whatever order the container yields.
   using Ref = std::pair<std::string, std::remove_reference_t<decltype(std::get<1>(*std::ranges::begin(named)))>*>;
   std::vector<Ref> refs;
@@ -80,7 +91,7 @@ void broadcast_named(NamedRange&& named, int root_rank, std::string_view what) {
   std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.first < b.first; });
   std::vector<ParamDescriptor> mine;
   for (auto& [n, t] : refs) mine.push_back(descriptor(n, *t));
-  check_same_parameters(mine, root_rank, what);
+  check_same_parameters(mine, root_rank, what, std::move(error));
   std::vector<Handle> handles;
   handles.reserve(refs.size());
   for (auto& [n, t] : refs) handles.push_back(broadcast_async(*t, root_rank, fmt::format("{}.{}", what, n)));
