@@ -1,0 +1,287 @@
+// A complete data-parallel trainer with no framework: a 1-hidden-layer MLP classifying three
+// interleaved spirals, weights and gradients in std::vectors, backpropagation and SGD written by
+// hand. The lines marked "dtrain:" are all it takes to run it on many processes:
+//
+//   mpiexec -n 4 ./plain_train --epochs 30
+//
+// Every rank builds the same dataset and trains on its own shard of each epoch; gradients are
+// averaged across ranks before every step, so the ranks stay identical and N ranks with batch b
+// train like one process with batch N·b.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numbers>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/dtrain.hpp"
+
+namespace {
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct Options {
+  int epochs = 20;
+  int batch_size = 32;          // per rank
+  double lr = 0.05;             // single-process rate; scaled by the world size after warmup
+  double warmup_epochs = 2;
+  double momentum = 0.9;
+  int hidden = 64;
+  int samples = 3000;
+  std::uint64_t seed = 1;
+};
+
+[[noreturn]] void usage(const std::string& problem) {
+  if (!problem.empty()) std::fprintf(stderr, "plain_train: %s\n", problem.c_str());
+  std::fprintf(stderr,
+               "usage: plain_train [--epochs N] [--batch-size N] [--lr X] [--warmup-epochs X]\n"
+               "                   [--momentum X] [--hidden N] [--samples N] [--seed N]\n");
+  std::exit(2);
+}
+
+template <class T>
+T parse(std::string_view flag, std::string_view text) {
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size())
+    usage(fmt::format("{} expects a number, got '{}'", flag, text));
+  return value;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view flag = argv[i];
+    if (flag == "--help" || flag == "-h") usage("");
+    if (i + 1 >= argc) usage(fmt::format("{} needs a value", flag));
+    const std::string_view v = argv[++i];
+    if (flag == "--epochs") o.epochs = parse<int>(flag, v);
+    else if (flag == "--batch-size") o.batch_size = parse<int>(flag, v);
+    else if (flag == "--lr") o.lr = parse<double>(flag, v);
+    else if (flag == "--warmup-epochs") o.warmup_epochs = parse<double>(flag, v);
+    else if (flag == "--momentum") o.momentum = parse<double>(flag, v);
+    else if (flag == "--hidden") o.hidden = parse<int>(flag, v);
+    else if (flag == "--samples") o.samples = parse<int>(flag, v);
+    else if (flag == "--seed") o.seed = parse<std::uint64_t>(flag, v);
+    else usage(fmt::format("unknown option {}", flag));
+  }
+  if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 1 || o.samples < 1 || !(o.lr > 0) ||
+      o.warmup_epochs < 0 || o.momentum < 0 || o.momentum >= 1)
+    usage("--epochs, --batch-size, --hidden, --samples and --lr must be positive, "
+          "--warmup-epochs non-negative and --momentum in [0, 1)");
+  return o;
+}
+
+// ---- data: three interleaved spirals -----------------------------------------------------------
+
+constexpr int kFeatures = 2;
+constexpr int kClasses = 3;
+
+struct Dataset {
+  std::vector<float> x;    // [n, kFeatures]
+  std::vector<int> label;  // [n]
+  std::int64_t size() const { return static_cast<std::int64_t>(label.size()); }
+};
+
+// Deterministic from the seed, so every rank builds the same dataset without any communication.
+Dataset make_spirals(int n, std::uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  auto uniform = [&] { return static_cast<double>(gen() >> 11) * 0x1.0p-53; };
+  Dataset d;
+  for (int i = 0; i < n; ++i) {
+    const int c = i % kClasses;
+    const double t = uniform();  // position along the arm
+    const double angle = 2 * std::numbers::pi * (c / 3.0 + 0.75 * t) + 0.2 * (uniform() - 0.5);
+    d.x.push_back(static_cast<float>(t * std::cos(angle)));
+    d.x.push_back(static_cast<float>(t * std::sin(angle)));
+    d.label.push_back(c);
+  }
+  return d;
+}
+
+// ---- model: features -> hidden (ReLU) -> class logits ------------------------------------------
+
+struct Mlp {
+  int hidden;
+  std::vector<float> w1, b1, w2, b2;  // [hidden, kFeatures], [hidden], [kClasses, hidden], [kClasses]
+
+  Mlp(int h, std::uint64_t seed)
+      : hidden(h), w1(h * kFeatures), b1(h), w2(kClasses * h), b2(kClasses) {
+    std::mt19937_64 gen(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& v : w1) v = normal(gen) * std::sqrt(2.0f / kFeatures);
+    for (auto& v : w2) v = normal(gen) * std::sqrt(1.0f / h);
+  }
+
+  // Named views of the weights, in any order: broadcast_parameters matches them by name.
+  std::vector<std::pair<std::string, std::span<float>>> named_parameters() {
+    return {{"fc1.weight", w1}, {"fc1.bias", b1}, {"fc2.weight", w2}, {"fc2.bias", b2}};
+  }
+};
+
+struct BatchResult {
+  double loss = 0;  // mean cross-entropy over the batch
+  int correct = 0;
+};
+
+// Forward and backward over one batch: writes d(mean loss)/d(weights) into `grads`
+// (w1, b1, w2, b2 order).
+BatchResult forward_backward(const Mlp& m, const Dataset& data,
+                             std::span<const std::int64_t> batch,
+                             std::vector<std::vector<float>>& grads) {
+  for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+  auto &gw1 = grads[0], &gb1 = grads[1], &gw2 = grads[2], &gb2 = grads[3];
+  const float scale = 1.0f / static_cast<float>(batch.size());
+  std::vector<float> h(m.hidden), dh(m.hidden);
+  BatchResult result;
+  for (std::int64_t i : batch) {
+    const float* x = &data.x[i * kFeatures];
+    for (int u = 0; u < m.hidden; ++u) {
+      float a = m.b1[u];
+      for (int j = 0; j < kFeatures; ++j) a += m.w1[u * kFeatures + j] * x[j];
+      h[u] = std::max(a, 0.0f);
+    }
+    float logits[kClasses];
+    for (int c = 0; c < kClasses; ++c) {
+      float z = m.b2[c];
+      for (int u = 0; u < m.hidden; ++u) z += m.w2[c * m.hidden + u] * h[u];
+      logits[c] = z;
+    }
+    // Softmax cross-entropy, shifted by the max logit for stability.
+    const float top = *std::max_element(logits, logits + kClasses);
+    float sum = 0, p[kClasses];
+    for (int c = 0; c < kClasses; ++c) sum += p[c] = std::exp(logits[c] - top);
+    for (float& v : p) v /= sum;
+    const int y = data.label[i];
+    result.loss += -std::log(std::max(p[y], 1e-12f));
+    if (std::max_element(p, p + kClasses) - p == y) ++result.correct;
+
+    std::fill(dh.begin(), dh.end(), 0.0f);
+    for (int c = 0; c < kClasses; ++c) {
+      const float dz = (p[c] - (c == y ? 1.0f : 0.0f)) * scale;
+      gb2[c] += dz;
+      for (int u = 0; u < m.hidden; ++u) {
+        gw2[c * m.hidden + u] += dz * h[u];
+        dh[u] += dz * m.w2[c * m.hidden + u];
+      }
+    }
+    for (int u = 0; u < m.hidden; ++u) {
+      if (h[u] <= 0) continue;  // ReLU gate
+      gb1[u] += dh[u];
+      for (int j = 0; j < kFeatures; ++j) gw1[u * kFeatures + j] += dh[u] * x[j];
+    }
+  }
+  result.loss /= static_cast<double>(batch.size());
+  return result;
+}
+
+// ---- optimizer: SGD with momentum --------------------------------------------------------------
+
+// dtrain's Optimizer concept needs only step() and gradients() (a range of tensors, in the same
+// order on every rank); std::span<float> is a tensor, so the gradients are handed out as views.
+class Sgd {
+ public:
+  Sgd(Mlp& model, double momentum) : model_(&model), momentum_(static_cast<float>(momentum)) {
+    for (auto p : params()) {
+      grads_.emplace_back(p.size(), 0.0f);
+      velocity_.emplace_back(p.size(), 0.0f);
+    }
+  }
+
+  void step() {
+    auto ps = params();
+    for (std::size_t t = 0; t < ps.size(); ++t)
+      for (std::size_t i = 0; i < ps[t].size(); ++i) {
+        velocity_[t][i] = momentum_ * velocity_[t][i] + grads_[t][i];
+        ps[t][i] -= lr * velocity_[t][i];
+      }
+  }
+  std::vector<std::span<float>> gradients() {
+    return {grads_.begin(), grads_.end()};
+  }
+  std::vector<std::vector<float>>& gradient_buffers() { return grads_; }
+
+  float lr = 0.01f;
+
+ private:
+  std::vector<std::span<float>> params() {
+    return {model_->w1, model_->b1, model_->w2, model_->b2};
+  }
+  Mlp* model_;
+  float momentum_;
+  std::vector<std::vector<float>> grads_, velocity_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::Session session(argc, argv);  // dtrain: start (and at scope exit stop) the runtime
+  const Options o = parse_options(argc, argv);
+  const int rank = dtrain::rank(), world = dtrain::size();
+
+  const Dataset data = make_spirals(o.samples, o.seed);
+  // Each rank initializes its own weights (a different seed on purpose) ...
+  Mlp model(o.hidden, o.seed * 1000 + static_cast<std::uint64_t>(rank));
+  // dtrain: ... and then every rank starts from rank 0's.
+  dtrain::broadcast_parameters(model.named_parameters(), 0);
+
+  Sgd sgd(model, o.momentum);
+  dtrain::DistributedOptimizer<Sgd> optimizer(sgd);  // dtrain: average gradients in step()
+
+  // dtrain: each rank sees its own shard; every rank gets the same number of batches.
+  dtrain::DistributedSampler sampler(data.size(), world, rank, /*shuffle=*/true, o.seed);
+  const std::int64_t steps_per_epoch = sampler.num_batches(o.batch_size, /*drop_last_batch=*/true);
+  if (steps_per_epoch < 1) {
+    if (rank == 0)
+      std::fprintf(stderr, "plain_train: %d samples over %d ranks leave no full batch of %d\n",
+                   o.samples, world, o.batch_size);
+    return 2;
+  }
+  // dtrain: the global batch is world times larger, so the rate is too, reached by a warmup.
+  dtrain::LrScheduleOptions lr_options;
+  lr_options.base_lr = o.lr;
+  lr_options.world_size = world;
+  lr_options.warmup_epochs = o.warmup_epochs;
+  lr_options.steps_per_epoch = steps_per_epoch;
+  const dtrain::LrSchedule schedule(lr_options);
+
+  if (rank == 0)
+    fmt::print("training on {} ranks: {} samples, batch {} per rank ({} global), {} steps/epoch, "
+               "peak lr {}\n",
+               world, data.size(), o.batch_size, o.batch_size * world, steps_per_epoch,
+               schedule.peak_lr());
+  dtrain::MetricAverager metrics;
+  dtrain::ThroughputMeter throughput;
+  std::int64_t step = 0;
+  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    sampler.set_epoch(epoch);  // dtrain: a new shuffle each epoch, the same on every rank
+    const auto indices = sampler.indices();
+    throughput.start_epoch();
+    for (std::int64_t b = 0; b < steps_per_epoch; ++b) {
+      const std::span<const std::int64_t> batch(indices.data() + b * o.batch_size,
+                                                static_cast<std::size_t>(o.batch_size));
+      sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
+      const BatchResult r = forward_backward(model, data, batch, sgd.gradient_buffers());
+      optimizer.step();
+      metrics.add("loss", r.loss, static_cast<double>(batch.size()));
+      metrics.add("accuracy", static_cast<double>(r.correct) / batch.size(),
+                  static_cast<double>(batch.size()));
+      throughput.add_samples(static_cast<std::int64_t>(batch.size()));
+    }
+    const auto m = metrics.average();  // dtrain: means over every rank's samples
+    const auto t = throughput.end_epoch();
+    if (rank == 0)  // dtrain: one rank prints
+      fmt::print("epoch {:3d} loss {:.4f} accuracy {:.3f} lr {:.4f} samples/s {:.0f}\n", epoch + 1,
+                 m.at("loss"), m.at("accuracy"), sgd.lr, t.samples_per_second);
+  }
+  return 0;
+}
