@@ -254,6 +254,11 @@ TEST_CASE("every kind of mismatch raises MismatchError on every rank, and the en
     std::vector<float> v(4, 1.0f);
     allreduce(v, {.postscale = odd ? 2.0 : 1.0, .name = "m.postscale"});
   });
+  expect_mismatch("m.group.1", "shape", [&] {
+    std::vector<std::vector<float>> members = {std::vector<float>(4, 1.0f),
+                                               std::vector<float>(odd ? 3 : 5, 1.0f)};
+    grouped_allreduce(members, {.name = "m.group"});
+  });
   expect_mismatch("m.rs", "shape", [&] {
     std::vector<float> v(odd ? 6 : 4, 1.0f);
     (void)reducescatter(v, ReduceOp::Sum, "m.rs");
@@ -289,4 +294,33 @@ TEST_CASE("local misuse is refused at submission, before any negotiation") {
   // The refused names were never submitted anywhere, so using them now works on every rank.
   allreduce(v, {.op = ReduceOp::Sum, .name = "int.avg"});
   CHECK(v == std::vector<float>(4, static_cast<float>(size)));
+}
+
+TEST_CASE("shutdown fails an op that the other ranks never submitted, naming them") {
+  dtrain::init(Config::from_env());
+  const int rank = dtrain::rank(), size = dtrain::size();
+  std::vector<float> v(2, 1.0f);
+  Handle h;
+  if (rank == 0) h = allreduce_async(v, {.name = "orphan"});
+  dtrain::shutdown();
+  if (rank != 0) return;
+  REQUIRE(h.poll());  // shutdown() returned, so the op has been failed already
+  try {
+    h.wait();
+    FAIL_CHECK("an op that only rank 0 submitted completed");
+  } catch (const ShutdownError& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK(contains(what, "'orphan'"));
+    CHECK(contains(what, "dtrain::shutdown()"));
+    // It names the ranks that had shut down when the op was failed: some of ranks 1..size-1.
+    const auto open = what.find("ranks [");
+    REQUIRE(open != std::string::npos);
+    const std::string named = what.substr(open + 7, what.find(']', open) - open - 7);
+    CAPTURE(named);
+    CHECK(!named.empty());
+    CHECK(!contains(named, "0"));
+    CHECK(std::stoi(named) < size);
+  }
+  CHECK(v == std::vector<float>(2, 1.0f));
 }
