@@ -85,7 +85,7 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return c.profile_interval_ms == 100; }, {"0", "-5"}},
       {"OP_TIMEOUT_SECONDS", [](const Config& c) { return c.op_timeout_seconds == 600; }, "0",
        [](const Config& c) { return c.op_timeout_seconds == 0; }, {"-3", "1e10", "forever"}},
-      {"MPI_CHUNK_BYTES", [](const Config& c) { return c.mpi_chunk_bytes == 4194304; }, "4K",
+      {"MPI_CHUNK_BYTES", [](const Config& c) { return c.mpi_chunk_bytes == 16777216; }, "4K",
        [](const Config& c) { return c.mpi_chunk_bytes == 4096; }, {"4095", "2G", "0"}},
       {"FUSION_PIPELINE", [](const Config& c) { return c.fusion_pipeline; }, "off",
        [](const Config& c) { return !c.fusion_pipeline; }, {"2"}},
