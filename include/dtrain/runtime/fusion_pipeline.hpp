@@ -6,6 +6,17 @@
 // unpacks piece k-1 while the engine thread reduces piece k. Prescale is applied while packing
 // and postscale while unpacking, so scaling costs no extra pass. The helper blocks on futex-backed
 // atomics between jobs; it never spins while idle.
+//
+// The overlap only pays where the helper has a core of its own. MPI's reduction keeps the engine
+// thread's core busy (copying, reducing, polling for the peer), so where the ranks on a host
+// already fill its cores the helper just takes CPU from the reductions: on a 2-core machine the
+// fused ResNet-50 gradient sync was 0-16% slower with the overlap at 2 ranks and 2-23% slower at
+// 4 ranks (docs/performance.md). overlap_pays() asks for two cores per rank on the host; elsewhere
+// the backend packs, reduces and unpacks inline even when DTRAIN_FUSION_PIPELINE is on.
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -17,6 +28,27 @@
 #include "dtrain/comm/local_reduce.hpp"
 
 namespace dtrain::detail {
+
+// Set before dtrain::init() to overlap wherever DTRAIN_FUSION_PIPELINE is on, whatever the core
+// count: tests use it to exercise the helper thread on small machines, benchmarks to measure it.
+inline bool& force_fusion_overlap() noexcept {
+  static bool force = false;
+  return force;
+}
+
+// Whether overlapping packing with reduction can help when `ranks_on_host` ranks share the cores
+// this process may run on (Note [Fusion pipeline]).
+inline bool overlap_pays(int ranks_on_host) noexcept {
+  if (force_fusion_overlap()) return true;
+  unsigned cores = std::thread::hardware_concurrency();
+#if defined(__linux__)
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0)
+    cores = static_cast<unsigned>(CPU_COUNT(&allowed));
+#endif
+  if (cores == 0) return true;  // unknown: trust the configuration
+  return cores >= 2u * static_cast<unsigned>(std::max(ranks_on_host, 1));
+}
 
 // One tensor's place in the fusion buffer. `src`/`dst` are null for a rank that joined: it
 // contributes zeros and keeps nothing.

@@ -50,7 +50,12 @@ class HostBackend final : public Backend {
   explicit HostBackend(Options o) : opt_(o) {
     MPI_Comm_rank(o.comm, &rank_);
     MPI_Comm_size(o.comm, &size_);
+    // Without the host layout, assume the worst: every rank on this host.
+    overlap_ = o.pipeline && overlap_pays(o.hierarchy.valid() ? o.hierarchy.local_size : size_);
   }
+
+  // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
+  bool overlaps() const noexcept { return overlap_; }
 
   void execute(const Response& r, std::span<Entry* const> entries) override {
     const auto start = Clock::now();
@@ -141,7 +146,7 @@ class HostBackend final : public Backend {
       const std::int64_t lo = k * job.piece, n = std::min(job.piece, job.total - lo);
       reduce(byte_ptr(job.buffer, lo, dtype), n, dtype, op, job.piece);
       if (k + 1 == pieces) reduce_end = Clock::now();
-    }, opt_.pipeline);
+    }, overlap_);
     auto t3 = Clock::now();
     opt_.stats->fused_collectives.fetch_add(1, std::memory_order_relaxed);
     if (auto* tl = timeline()) {
@@ -241,6 +246,7 @@ class HostBackend final : public Backend {
   HostBuffer scratch_;
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
   FusionPipeline pipeline_;
+  bool overlap_ = false;
   Clock::time_point arrival_;
 };
 
