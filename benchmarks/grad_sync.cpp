@@ -5,6 +5,9 @@
 // dtrain strategies (tensors submitted one by one in backward order, then all handles waited):
 //   dtrain fused            the default Config (fusion on, pipelined packing)
 //   dtrain fused, grouped   the default Config, one grouped_allreduce of the whole list
+//   dtrain forced overlap   the default Config with packing overlapped with reduction even where
+//                           the ranks fill the host's cores (the default then packs inline; see
+//                           Note [Fusion pipeline])
 //   dtrain no pipeline      DTRAIN_FUSION_PIPELINE=0: pack, reduce, unpack in sequence
 //   dtrain no fusion        DTRAIN_FUSION_THRESHOLD=0: one collective per tensor
 // Raw MPI strategies (the three a user would write by hand):
@@ -129,6 +132,11 @@ int main(int argc, char** argv) {
     unpack(m);
   };
 
+  dtrain::init(fused);
+  const int local_ranks = dtrain::local_size();
+  const bool overlap = fused.fusion_pipeline && dtrain::detail::overlap_pays(local_ranks);
+  dtrain::shutdown();
+
   std::map<std::string, std::uint64_t> collectives_per_step;
   bench::Samples samples;
   for (int round = 0; round < rounds; ++round) {
@@ -138,11 +146,13 @@ int main(int argc, char** argv) {
       };
       // One block per Config; a warm-up step after each init fills the response cache and
       // allocates the fusion buffer, as the first step of a training run would.
-      auto with_dtrain = [&](const dtrain::Config& c, auto&& strategies) {
+      auto with_dtrain = [&](const dtrain::Config& c, auto&& strategies, bool force_overlap = false) {
+        dtrain::detail::force_fusion_overlap() = force_overlap;
         dtrain::init(c);
         dtrain_async(m);
         strategies();
         dtrain::shutdown();
+        dtrain::detail::force_fusion_overlap() = false;
       };
       auto dtrain_blocks = [&] {
         with_dtrain(fused, [&] {
@@ -152,6 +162,10 @@ int main(int argc, char** argv) {
           collectives_per_step[m.name] = dtrain::engine_stats().collectives - before;
           record("dtrain fused, grouped", timed_step(m, [&] { dtrain_grouped(m); }));
         });
+        if (!overlap)
+          with_dtrain(fused, [&] {
+            record("dtrain forced overlap", timed_step(m, [&] { dtrain_async(m); }));
+          }, true);
         with_dtrain(no_pipeline, [&] {
           record("dtrain no pipeline", timed_step(m, [&] { dtrain_async(m); }));
         });
@@ -184,6 +198,8 @@ int main(int argc, char** argv) {
     fmt::print("# gradient sync, float32 Sum, backward order, {} rounds (median / min over rounds)\n",
                rounds);
     fmt::print("# {}\n", bench::machine_line(mpi.size()));
+    fmt::print("# fusion overlap (DTRAIN_FUSION_PIPELINE=1) is {} here: {} ranks on this host\n",
+               overlap ? "used" : "not used", local_ranks);
     if (any_wrong) fmt::print("# ERROR: some strategy produced a wrong sum\n");
     for (const auto& m : models) {
       const std::vector<std::string> raw = {"raw per-tensor", "raw concat", "raw concat chunked"};

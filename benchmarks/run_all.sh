@@ -32,7 +32,9 @@ run() {
 
 echo "# $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "# $("$mpiexec" --version 2>/dev/null | grep -m1 -i version || echo "$mpiexec")"
+if command -v mpichversion >/dev/null; then
+  echo "# MPICH $(mpichversion | grep -m1 'Version:' | awk '{print $NF}'), device $(mpichversion | grep -m1 'Device:' | awk '{print $NF}')"
+fi
 echo
 for n in $ranks; do
   run "$mpiexec" -n "$n" "$bin/bench_allreduce_bandwidth" --rounds="$rounds"
