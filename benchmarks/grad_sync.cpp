@@ -198,8 +198,10 @@ int main(int argc, char** argv) {
     fmt::print("# gradient sync, float32 Sum, backward order, {} rounds (median / min over rounds)\n",
                rounds);
     fmt::print("# {}\n", bench::machine_line(mpi.size()));
-    fmt::print("# fusion overlap (DTRAIN_FUSION_PIPELINE=1) is {} here: {} ranks on this host\n",
-               overlap ? "used" : "not used", local_ranks);
+    fmt::print("# {} ranks on this host: fused responses {} tensors >= {} KiB in place; packing "
+               "overlap (DTRAIN_FUSION_PIPELINE=1) {}\n",
+               local_ranks, dtrain::detail::direct_pays(local_ranks) ? "reduce" : "do not reduce",
+               dtrain::detail::kFusionDirectMinBytes >> 10, overlap ? "used" : "not used");
     if (any_wrong) fmt::print("# ERROR: some strategy produced a wrong sum\n");
     for (const auto& m : models) {
       const std::vector<std::string> raw = {"raw per-tensor", "raw concat", "raw concat chunked"};

@@ -169,6 +169,9 @@ ChunkRun run_chunk_workload(const Config& c) {
       {DataType::float64, {511, 2, 512, 1000}, {.op = ReduceOp::Sum}},
       {DataType::float16, {2047, 2, 3000}, {.op = ReduceOp::Sum, .postscale = 0.5}},
       {DataType::bfloat16, {2048, 2048, 1}, {.op = ReduceOp::Max}},
+      // Tensors of 1 MiB and more, reduced in place where each rank has a core (Note [Direct
+      // segments]), between small ones that are packed.
+      {DataType::float32, {5, 300000, 7, 262144, 1}, {.op = ReduceOp::Sum, .prescale = 0.5, .postscale = 4}},
   };
   std::vector<std::vector<Buffer>> grouped;
   for (const auto& g : groups) {
@@ -218,6 +221,15 @@ TEST_CASE("chunked execution: pieces never exceed the chunk size, and results do
     const Buffer& b = reference.results[k];
     for (std::int64_t i = 0; i < b.size(); i += 97)
       REQUIRE(b.get(i) == (i * 7 + static_cast<std::int64_t>(k)) % 101 / 8.0 * size * (size + 1) / 2);
+  }
+  // The group with tensors of 1 MiB and more (the last group): 4 * sum over ranks of 0.5 * value.
+  {
+    const std::size_t first = 11 + 7 + 4 + 4 + 3 + 3;  // lone tensors, then the earlier groups
+    for (std::size_t k = first; k < first + 5; ++k) {
+      const Buffer& b = reference.results[k];
+      for (std::int64_t i = 0; i < b.size(); i += 89)
+        REQUIRE(b.get(i) == (i * 7 + static_cast<std::int64_t>(k)) % 101 / 8.0 * size * (size + 1));
+    }
   }
   // ...and the broadcast delivered rank 0's values.
   const Buffer& bc = reference.results.back();

@@ -13,6 +13,19 @@
 // fused ResNet-50 gradient sync was 0-16% slower with the overlap at 2 ranks and 2-23% slower at
 // 4 ranks (docs/performance.md). overlap_pays() asks for two cores per rank on the host; elsewhere
 // the backend packs, reduces and unpacks inline even when DTRAIN_FUSION_PIPELINE is on.
+//
+// Note [Direct segments]
+// Packing costs two passes over every byte (copy in, copy out). Where each rank has a core, an
+// extra MPI call costs tens of microseconds while copying a 1 MiB tensor twice costs more, and most
+// of a model's bytes sit in its few large tensors (ResNet-50: 29 of 161 tensors hold 94% of the
+// bytes at >= 1 MiB). So there a fused response reduces each tensor of at least
+// kFusionDirectMinBytes in place, in its own memory (in pieces of at most DTRAIN_MPI_CHUNK_BYTES),
+// and packs only the small ones. Where ranks outnumber the host's cores every MPI call waits for
+// the peers to be scheduled (10-20 ms a call at 4 ranks on 2 cores), so there everything is packed
+// into as few calls as possible (direct_pays()). The pieces are planned from the response alone
+// (element counts, dtype, chunk size), so every rank makes the same MPI calls in the same order; a
+// rank that joined has no memory for a direct tensor and contributes zeros from the fusion buffer.
+// Direct pieces come first, so the helper packs the small tensors while the large ones reduce.
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -36,61 +49,145 @@ inline bool& force_fusion_overlap() noexcept {
   return force;
 }
 
-// Whether overlapping packing with reduction can help when `ranks_on_host` ranks share the cores
-// this process may run on (Note [Fusion pipeline]).
-inline bool overlap_pays(int ranks_on_host) noexcept {
-  if (force_fusion_overlap()) return true;
+// Cores this process may run on (its affinity mask), 0 if unknown.
+inline unsigned usable_cores() noexcept {
   unsigned cores = std::thread::hardware_concurrency();
 #if defined(__linux__)
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0)
     cores = static_cast<unsigned>(CPU_COUNT(&allowed));
 #endif
+  return cores;
+}
+
+// Whether overlapping packing with reduction can help when `ranks_on_host` ranks share the cores
+// this process may run on (Note [Fusion pipeline]).
+inline bool overlap_pays(int ranks_on_host) noexcept {
+  if (force_fusion_overlap()) return true;
+  const unsigned cores = usable_cores();
   if (cores == 0) return true;  // unknown: trust the configuration
   return cores >= 2u * static_cast<unsigned>(std::max(ranks_on_host, 1));
 }
 
-// One tensor's place in the fusion buffer. `src`/`dst` are null for a rank that joined: it
-// contributes zeros and keeps nothing.
+// Tensors at least this large are reduced in place instead of being packed, where direct_pays().
+inline constexpr std::int64_t kFusionDirectMinBytes = std::int64_t{1} << 20;
+
+// Whether reducing large tensors in place beats packing them (Note [Direct segments]): every rank
+// on the host has a core of its own.
+inline bool direct_pays(int ranks_on_host) noexcept {
+  const unsigned cores = usable_cores();
+  return cores == 0 || cores >= static_cast<unsigned>(std::max(ranks_on_host, 1));
+}
+
+// One tensor of a fused response. `src`/`dst` are null for a rank that joined: it contributes
+// zeros and keeps nothing.
 struct FusedSegment {
   const void* src = nullptr;
   void* dst = nullptr;
-  std::int64_t offset = 0;  // elements from the buffer start
   std::int64_t numel = 0;
+  std::int64_t offset = 0;  // elements from the buffer start (set by FusedJob::lay_out)
+  bool direct = false;      // reduced in its own memory (set by FusedJob::lay_out)
+};
+
+// One MPI call's worth of a fused job: a range of the fusion buffer, or of one direct tensor.
+struct FusedPiece {
+  std::int64_t segment = -1;  // the direct segment; -1 for a range of the packed buffer
+  std::int64_t lo = 0;        // first element: in the segment (direct) or the buffer (packed)
+  std::int64_t n = 0;         // elements
 };
 
 struct FusedJob {
   std::vector<FusedSegment> segments;
-  void* buffer = nullptr;
+  std::vector<FusedPiece> plan;  // in execution order (set by lay_out)
+  void* buffer = nullptr;        // at least `total` elements
   DataType dtype = DataType::float32;
-  std::int64_t total = 0;         // elements
-  std::int64_t piece = 0;         // elements per piece
+  std::int64_t total = 0;        // elements of fusion buffer this rank needs (set by lay_out)
+  std::int64_t piece = 0;        // elements per MPI call, at most
   double prescale = 1.0, postscale = 1.0;
 
-  std::int64_t pieces() const noexcept { return piece > 0 ? (total + piece - 1) / piece : 0; }
+  // Marks the segments of at least `direct_min` elements direct (none when it is <= 0), places
+  // the others (and, on a rank that joined, the zeros of the direct ones) in the buffer, and plans
+  // the pieces: direct ones first, then the packed buffer. Set `segments` and `piece` first.
+  void lay_out(std::int64_t direct_min) {
+    plan.clear();
+    packed_.clear();
+    std::int64_t offset = 0;
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      FusedSegment& s = segments[i];
+      s.direct = direct_min > 0 && s.numel >= direct_min;
+      if (s.direct) continue;
+      s.offset = offset;
+      offset += s.numel;
+      packed_.push_back(i);
+    }
+    const std::int64_t packed_total = offset;
+    for (std::size_t i = 0; i < segments.size(); ++i) {
+      FusedSegment& s = segments[i];
+      if (!s.direct) continue;
+      if (!s.dst) {
+        s.offset = offset;
+        offset += s.numel;
+      }
+      for (std::int64_t lo = 0; lo < s.numel; lo += piece)
+        plan.push_back({static_cast<std::int64_t>(i), lo, std::min(piece, s.numel - lo)});
+    }
+    for (std::int64_t lo = 0; lo < packed_total; lo += piece)
+      plan.push_back({-1, lo, std::min(piece, packed_total - lo)});
+    total = offset;
+  }
 
-  // Copies (pack) or copies back (unpack) the part of every segment that lies in piece k.
+  std::int64_t pieces() const noexcept { return static_cast<std::int64_t>(plan.size()); }
+  std::int64_t piece_numel(std::int64_t k) const noexcept { return plan[k].n; }
+
+  // The memory piece k is reduced in.
+  void* piece_data(std::int64_t k) const noexcept {
+    const FusedPiece& p = plan[k];
+    const std::int64_t es = static_cast<std::int64_t>(element_size(dtype));
+    if (p.segment < 0) return static_cast<char*>(buffer) + p.lo * es;
+    const FusedSegment& s = segments[p.segment];
+    if (s.dst) return static_cast<char*>(s.dst) + p.lo * es;
+    return static_cast<char*>(buffer) + (s.offset + p.lo) * es;
+  }
+
+  // Before piece k is reduced (pack) or after (unpack): copies and scales packed segments, scales
+  // direct ones in place, fills a joined rank's contribution with zeros.
   void copy_piece(std::int64_t k, bool pack) const {
-    const std::int64_t lo = k * piece, hi = std::min(total, lo + piece);
-    const std::size_t es = element_size(dtype);
-    auto first = std::upper_bound(segments.begin(), segments.end(), lo,
-                                  [](std::int64_t v, const FusedSegment& s) { return v < s.offset; });
-    if (first != segments.begin()) --first;
-    for (auto s = first; s != segments.end() && s->offset < hi; ++s) {
-      const std::int64_t a = std::max(lo, s->offset), b = std::min(hi, s->offset + s->numel);
+    const FusedPiece& p = plan[k];
+    const std::int64_t es = static_cast<std::int64_t>(element_size(dtype));
+    if (p.segment >= 0) {
+      const FusedSegment& s = segments[p.segment];
+      if (!s.dst) {
+        if (pack) std::memset(piece_data(k), 0, static_cast<std::size_t>(p.n * es));
+      } else if (pack) {
+        scale_copy(dtype, static_cast<const char*>(s.src) + p.lo * es, piece_data(k), p.n, prescale);
+      } else {
+        scale_in_place(dtype, piece_data(k), p.n, postscale);
+      }
+      return;
+    }
+    const std::int64_t lo = p.lo, hi = p.lo + p.n;
+    auto first = std::upper_bound(packed_.begin(), packed_.end(), lo,
+                                  [&](std::int64_t v, std::size_t i) { return v < segments[i].offset; });
+    if (first != packed_.begin()) --first;
+    for (auto it = first; it != packed_.end() && segments[*it].offset < hi; ++it) {
+      const FusedSegment& s = segments[*it];
+      const std::int64_t a = std::max(lo, s.offset), b = std::min(hi, s.offset + s.numel);
       if (a >= b) continue;
       char* buf = static_cast<char*>(buffer) + a * es;
-      const std::int64_t within = a - s->offset;
+      const std::int64_t within = a - s.offset;
       if (pack) {
-        if (s->src)
-          scale_copy(dtype, static_cast<const char*>(s->src) + within * es, buf, b - a, prescale);
+        if (s.src)
+          scale_copy(dtype, static_cast<const char*>(s.src) + within * es, buf, b - a, prescale);
         else
-          std::memset(buf, 0, static_cast<std::size_t>(b - a) * es);
-      } else if (s->dst) {
-        scale_copy(dtype, buf, static_cast<char*>(s->dst) + within * es, b - a, postscale);
+          std::memset(buf, 0, static_cast<std::size_t>((b - a) * es));
+      } else if (s.dst) {
+        scale_copy(dtype, buf, static_cast<char*>(s.dst) + within * es, b - a, postscale);
       }
     }
   }
+
+ private:
+  std::vector<std::size_t> packed_;  // indices of the packed segments, by offset
 };
 
 class FusionPipeline {

@@ -51,7 +51,9 @@ class HostBackend final : public Backend {
     MPI_Comm_rank(o.comm, &rank_);
     MPI_Comm_size(o.comm, &size_);
     // Without the host layout, assume the worst: every rank on this host.
-    overlap_ = o.pipeline && overlap_pays(o.hierarchy.valid() ? o.hierarchy.local_size : size_);
+    const int ranks_on_host = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
+    overlap_ = o.pipeline && overlap_pays(ranks_on_host);
+    direct_min_bytes_ = direct_pays(ranks_on_host) ? kFusionDirectMinBytes : 0;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -126,25 +128,21 @@ class HostBackend final : public Backend {
     job.prescale = r.prescale;
     job.postscale = post;
     job.segments.reserve(entries.size());
-    std::int64_t offset = 0;
     for (std::size_t i = 0; i < entries.size(); ++i) {
       FusedSegment s;
-      s.offset = offset;
       s.numel = r.numels[i];
       if (entries[i]) s.src = s.dst = entries[i]->data;
       job.segments.push_back(s);
-      offset += s.numel;
     }
-    job.total = offset;
     job.piece = chunk(dtype);
-    job.buffer = fusion_.reserve(static_cast<std::size_t>(offset) * es);
+    job.lay_out(direct_min_bytes_ / static_cast<std::int64_t>(es));  // Note [Direct segments]
+    job.buffer = fusion_.reserve(static_cast<std::size_t>(job.total) * es);
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
     pipeline_.run(job, [&](std::int64_t k) {
       if (k == 0) reduce_begin = Clock::now();
-      const std::int64_t lo = k * job.piece, n = std::min(job.piece, job.total - lo);
-      reduce(byte_ptr(job.buffer, lo, dtype), n, dtype, op, job.piece);
+      reduce(job.piece_data(k), job.piece_numel(k), dtype, op, job.piece);
       if (k + 1 == pieces) reduce_end = Clock::now();
     }, overlap_);
     auto t3 = Clock::now();
@@ -247,6 +245,7 @@ class HostBackend final : public Backend {
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
   FusionPipeline pipeline_;
   bool overlap_ = false;
+  std::int64_t direct_min_bytes_ = 0;  // 0: pack every tensor of a fused response
   Clock::time_point arrival_;
 };
 
