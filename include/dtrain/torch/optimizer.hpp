@@ -81,6 +81,17 @@ inline void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int ro
   std::istringstream is(bytes);
   archive.load_from(is);
   optimizer.load(archive);
+  // Optimizer::load restores the state but not the groups' options (lr, momentum, betas, ...) in
+  // libtorch 1.13; read those from the same archive into each group's own options.
+  torch::serialize::InputArchive groups;
+  archive.read("param_groups", groups);
+  auto& param_groups = optimizer.param_groups();
+  for (std::size_t i = 0; i < param_groups.size(); ++i) {
+    torch::serialize::InputArchive group, options;
+    groups.read("param_groups/" + std::to_string(i), group);
+    group.read("options", options);
+    param_groups[i].options().serialize(options);
+  }
 }
 
 // Sets the learning rate of every parameter group (e.g. from an LrSchedule).
@@ -110,6 +121,9 @@ class DistributedOptimizer<Opt> {
             "dtrain: DistributedOptimizer: parameter name '{}' appears twice", item.key()));
       name_of[item.value().unsafeGetTensorImpl()] = item.key();
     }
+    // Every name is resolved before any hook is registered: a constructor that throws must not
+    // leave hooks behind that point into the half-built object.
+    std::vector<std::pair<torch::Tensor*, std::string>> resolved;
     for (auto& group : opt_->param_groups())
       for (auto& p : group.params()) {
         auto it = name_of.find(p.unsafeGetTensorImpl());
@@ -119,8 +133,10 @@ class DistributedOptimizer<Opt> {
               "not in named_parameters: pass module->named_parameters() of the module whose "
               "parameters the optimizer updates",
               fmt::join(p.sizes(), ", ")));
-        add_parameter(p, it->second);
+        resolved.emplace_back(&p, it->second);
       }
+    check_each_parameter_once(resolved);
+    for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
   }
 
   // Without names: parameters are named by their position in the optimizer's groups, which must
@@ -129,12 +145,16 @@ class DistributedOptimizer<Opt> {
       : opt_(&optimizer), options_(std::move(options)) {
     detail::validate(options_);
     prefix_ = detail::optimizer_group_name(options_.name);
+    std::vector<std::pair<torch::Tensor*, std::string>> resolved;
     std::size_t g = 0;
     for (auto& group : opt_->param_groups()) {
       std::size_t i = 0;
-      for (auto& p : group.params()) add_parameter(p, fmt::format("group{}.param{}", g, i++));
+      for (auto& p : group.params())
+        resolved.emplace_back(&p, fmt::format("group{}.param{}", g, i++));
       ++g;
     }
+    check_each_parameter_once(resolved);
+    for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
   }
 
   DistributedOptimizer(const DistributedOptimizer&) = delete;
@@ -215,6 +235,20 @@ class DistributedOptimizer<Opt> {
     DistributedOptimizer* owner_;
     Slot* slot_;
   };
+
+  // A parameter listed twice would get two hooks that reduce the same gradient twice, concurrently.
+  static void check_each_parameter_once(
+      const std::vector<std::pair<torch::Tensor*, std::string>>& params) {
+    std::map<const void*, const std::string*> first;
+    for (const auto& [p, name] : params) {
+      auto [it, inserted] = first.emplace(p->unsafeGetTensorImpl(), &name);
+      if (!inserted)
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedOptimizer: parameter '{}' (shape [{}]) appears more than once in "
+            "the optimizer's parameter groups (also as '{}'): list each parameter once",
+            name, fmt::join(p->sizes(), ", "), *it->second));
+    }
+  }
 
   void add_parameter(torch::Tensor& p, std::string name) {
     auto slot = std::make_unique<Slot>();

@@ -1,0 +1,399 @@
+// The libtorch path: DistributedOptimizer over torch::optim optimizers (gradients submitted from
+// autograd hooks), broadcast_module and broadcast_optimizer_state. Every distributed run is
+// compared with a single-process reference computed on every rank from the same data.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/torch.hpp"
+#include "train/train_test_util.hpp"
+
+namespace {
+
+using namespace train_test;
+using dtrain::DistributedOptimizer;
+using dtrain::DistributedOptimizerOptions;
+
+constexpr std::int64_t kDatasetSize = 97;  // not a multiple of 2, 3 or 4: padded shards
+constexpr std::int64_t kBatch = 3;         // per rank
+constexpr int kIn = 4, kHidden = 8, kOut = 3;
+// float32 parameters; the distributed and reference runs differ only in summation order.
+constexpr double kTolerance = 1e-5;
+
+// A 2-layer MLP with an auxiliary head that some steps do not use, and a buffer.
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(kIn, kHidden))),
+        fc2(register_module("fc2", torch::nn::Linear(kHidden, kOut))),
+        aux(register_module("aux", torch::nn::Linear(kHidden, kOut))) {
+    running = register_buffer("running", torch::rand({5}));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_aux = false) {
+    auto h = torch::tanh(fc1(x));
+    auto y = fc2(h);
+    return use_aux ? y + aux(h) : y;
+  }
+  torch::nn::Linear fc1, fc2, aux;
+  torch::Tensor running;
+};
+TORCH_MODULE(Net);
+
+// Different weights on every rank until something makes them equal.
+Net make_net() {
+  torch::manual_seed(1234 + world_rank());
+  return Net();
+}
+
+// A copy of `src` with the same weights: the single-process reference.
+Net clone_net(Net& src) {
+  Net dst;
+  torch::NoGradGuard no_grad;
+  auto from = src->named_parameters();
+  for (auto& item : dst->named_parameters()) item.value().copy_(from[item.key()]);
+  return dst;
+}
+
+struct Batch {
+  torch::Tensor x, y;
+};
+Batch samples(const std::vector<std::int64_t>& idx) {
+  auto x = torch::empty({static_cast<std::int64_t>(idx.size()), kIn});
+  auto y = torch::empty({static_cast<std::int64_t>(idx.size()), kOut});
+  auto xa = x.accessor<float, 2>();
+  auto ya = y.accessor<float, 2>();
+  for (std::size_t r = 0; r < idx.size(); ++r) {
+    const double i = static_cast<double>(idx[r]);
+    for (int j = 0; j < kIn; ++j) xa[r][j] = static_cast<float>(std::sin(0.37 * i + 1.3 * j));
+    for (int j = 0; j < kOut; ++j) ya[r][j] = static_cast<float>(std::cos(0.5 * i + j));
+  }
+  return {x, y};
+}
+
+// DistributedSampler(shuffle = false) shards of every rank, so the reference sees their union.
+struct Shards {
+  std::vector<std::vector<std::int64_t>> of_rank;
+  Shards() {
+    for (int k = 0; k < world_size(); ++k)
+      of_rank.push_back(dtrain::DistributedSampler(kDatasetSize, world_size(), k, false).indices());
+  }
+  std::vector<std::int64_t> rank_batch(int k, std::int64_t t) const {
+    return {of_rank[k].begin() + t * kBatch, of_rank[k].begin() + (t + 1) * kBatch};
+  }
+  // One process with batch passes·N·kBatch at step t.
+  std::vector<std::int64_t> global_batch(std::int64_t t, int passes = 1) const {
+    std::vector<std::int64_t> out;
+    for (int k = 0; k < world_size(); ++k)
+      for (int j = 0; j < passes; ++j) {
+        auto b = rank_batch(k, t * passes + j);
+        out.insert(out.end(), b.begin(), b.end());
+      }
+    return out;
+  }
+};
+
+torch::Tensor mse(Net& net, const std::vector<std::int64_t>& idx, bool use_aux = false) {
+  const Batch b = samples(idx);
+  return torch::mse_loss(net->forward(b.x, use_aux), b.y);
+}
+
+// Largest relative difference (floored at 1 in magnitude) between same-named parameters.
+double max_param_error(Net& a, Net& b) {
+  double worst = 0;
+  auto pb = b->named_parameters();
+  for (auto& item : a->named_parameters()) {
+    const auto diff = (item.value() - pb[item.key()]).abs() / pb[item.key()].abs().clamp_min(1.0);
+    worst = std::max(worst, diff.max().item<double>());
+  }
+  return worst;
+}
+
+bool parameters_identical_on_all_ranks(torch::nn::Module& m) {
+  bool all = true;
+  for (auto& t : m.parameters())
+    all = same_on_all_ranks(t.data_ptr(), t.numel() * t.element_size()) && all;
+  for (auto& t : m.buffers())
+    all = same_on_all_ranks(t.data_ptr(), t.numel() * t.element_size()) && all;
+  return all;
+}
+
+torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
+
+}  // namespace
+
+TEST_CASE("SGD with momentum: N ranks with batch b equal one process with batch N*b") {
+  dtrain::init();
+  const Shards shards;
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  CHECK(parameters_identical_on_all_ranks(*model));
+  Net ref = clone_net(model);
+  Net start = clone_net(model);
+
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizer dist(opt, model->named_parameters());
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  const int steps = 6;
+  for (int t = 0; t < steps; ++t) {
+    dist.zero_grad();
+    mse(model, shards.rank_batch(world_rank(), t)).backward();
+    CHECK(dist.step());
+    ref_opt.zero_grad();
+    mse(ref, shards.global_batch(t)).backward();
+    ref_opt.step();
+  }
+  const double err = max_param_error(model, ref);
+  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  CHECK(max_param_error(model, start) > 1e-3);  // the weights moved: the check can fail
+  CHECK(parameters_identical_on_all_ranks(*model));
+}
+
+TEST_CASE("backward_passes_per_step = 2 through the hooks equals a 2 times larger batch") {
+  dtrain::init();
+  const Shards shards;
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  Net ref = clone_net(model);
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizerOptions options;
+  options.backward_passes_per_step = 2;
+  DistributedOptimizer dist(opt, model->named_parameters(), options);
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  const int steps = 4;
+  int pass = 0;
+  for (int t = 0; t < steps; ++t) {
+    dist.zero_grad();
+    for (int j = 0; j < 2; ++j) {
+      // The passes are summed (Horovod semantics): halve each pass's loss for the mean.
+      (mse(model, shards.rank_batch(world_rank(), pass++)) / 2).backward();
+      CHECK(dist.step() == (j == 1));
+    }
+    ref_opt.zero_grad();
+    mse(ref, shards.global_batch(t, 2)).backward();
+    ref_opt.step();
+  }
+  const double err = max_param_error(model, ref);
+  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+}
+
+TEST_CASE("a parameter without a gradient on some ranks or steps is averaged with zeros") {
+  dtrain::init();
+  const Shards shards;
+  const int n = world_size(), me = world_rank();
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  Net ref = clone_net(model);
+  Net start = clone_net(model);
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizer dist(opt, model->named_parameters());
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  // Step 0: nobody uses the aux head (its gradient is undefined everywhere). Steps 1 and 2: only
+  // odd ranks use it. Step 3: everybody does.
+  auto uses_aux = [](int step, int rank) { return step == 3 || (step > 0 && rank % 2 == 1); };
+  const int steps = 4;
+  for (int t = 0; t < steps; ++t) {
+    dist.zero_grad();
+    mse(model, shards.rank_batch(me, t), uses_aux(t, me)).backward();
+    CHECK(dist.step());
+    // The reference: the mean over ranks of each rank's loss, in one backward pass.
+    ref_opt.zero_grad();
+    torch::Tensor loss = torch::zeros({});
+    for (int k = 0; k < n; ++k) loss = loss + mse(ref, shards.rank_batch(k, t), uses_aux(t, k));
+    (loss / n).backward();
+    ref_opt.step();
+    if (t == 0) {
+      // Nobody had a gradient for aux: it must not have moved.
+      CHECK(torch::equal(model->aux->weight, start->aux->weight));
+    }
+  }
+  const double err = max_param_error(model, ref);
+  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  CHECK(parameters_identical_on_all_ranks(*model));
+}
+
+TEST_CASE("zero_grad() waits for allreduces that backward started, then zeros") {
+  dtrain::init();
+  const Shards shards;
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  Net ref = clone_net(model);
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizer dist(opt, model->named_parameters());
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+
+  // A backward whose gradients are thrown away: the hooks have submitted their allreduces, which
+  // may still be in flight and would write into the gradients after a plain zero_grad.
+  mse(model, shards.rank_batch(world_rank(), 0)).backward();
+  dist.zero_grad();
+  for (auto& p : model->parameters()) {
+    if (p.grad().defined()) CHECK(p.grad().abs().max().item<double>() == 0.0);
+  }
+
+  // Training continues normally: the same names are submitted again.
+  for (int t = 1; t <= 3; ++t) {
+    dist.zero_grad();
+    mse(model, shards.rank_batch(world_rank(), t)).backward();
+    CHECK(dist.step());
+    ref_opt.zero_grad();
+    mse(ref, shards.global_batch(t)).backward();
+    ref_opt.step();
+  }
+  const double err = max_param_error(model, ref);
+  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+}
+
+TEST_CASE("fp16 compression of torch gradients stays within 16-bit rounding of the average") {
+  dtrain::init();
+  const Shards shards;
+  const int n = world_size();
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizerOptions options;
+  options.compression = dtrain::Compression::fp16;
+  DistributedOptimizer dist(opt, model->named_parameters(), options);
+
+  // Every rank's exact gradient, from a copy of the model.
+  Net probe = clone_net(model);
+  std::vector<std::vector<torch::Tensor>> per_rank;
+  for (int k = 0; k < n; ++k) {
+    probe->zero_grad();
+    mse(probe, shards.rank_batch(k, 0)).backward();
+    std::vector<torch::Tensor> g;
+    for (auto& p : probe->parameters())
+      g.push_back(p.grad().defined() ? p.grad().clone() : torch::zeros_like(p));
+    per_rank.push_back(g);
+  }
+  dist.zero_grad();
+  mse(model, shards.rank_batch(world_rank(), 0)).backward();
+  dist.synchronize();
+  // n + 2 roundings at most in fp16 (compression, n - 1 additions, the division by n), each
+  // within 2^-11 of the partial result's magnitude, plus 2^-24 absolute for subnormals.
+  const double u = std::ldexp(1.0, -11);
+  auto params = model->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    CAPTURE(i);
+    auto mean = torch::zeros_like(params[i]);
+    auto magnitude = torch::zeros_like(params[i]);
+    for (int k = 0; k < n; ++k) {
+      mean += per_rank[k][i] / n;
+      magnitude += per_rank[k][i].abs() / n;
+    }
+    const auto bound = (n + 2) * (u * magnitude + std::ldexp(1.0, -24));
+    const auto g = params[i].grad();
+    CHECK(((g - mean).abs() <= bound).all().item<bool>());
+    // The values travelled as fp16: each one is an fp16 value, widened.
+    CHECK(torch::equal(g, g.to(torch::kHalf).to(torch::kFloat)));
+  }
+  {
+    auto scope = dist.skip_synchronize();
+    CHECK(dist.step());
+  }
+  CHECK(parameters_identical_on_all_ranks(*model));
+}
+
+TEST_CASE("broadcast_module + broadcast_optimizer_state make Adam identical on every rank") {
+  dtrain::init();
+  const Shards shards;
+  const int n = world_size(), me = world_rank();
+  const int root = n - 1;
+  Net model = make_net();
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.001));
+  if (me == root) {
+    // Root trains alone for a few steps: only it has Adam state, and its lr differs. The aux head
+    // is used so that every parameter gets a gradient, and with it Adam state.
+    dtrain::set_learning_rate(adam, 0.003);
+    for (int t = 0; t < 3; ++t) {
+      adam.zero_grad();
+      mse(model, shards.rank_batch(me, t), /*use_aux=*/true).backward();
+      adam.step();
+    }
+  }
+  {
+    torch::NoGradGuard no_grad;
+    model->running.fill_(static_cast<float>(me));  // a buffer that differs too
+  }
+  CHECK(adam.state().size() == (me == root ? model->parameters().size() : 0));
+
+  dtrain::broadcast_module(*model, root);
+  dtrain::broadcast_optimizer_state(adam, root);
+
+  CHECK(parameters_identical_on_all_ranks(*model));
+  CHECK(model->running[0].item<float>() == static_cast<float>(root));
+  CHECK(adam.state().size() == model->parameters().size());
+  for (auto& group : adam.param_groups()) {
+    CHECK(group.options().get_lr() == 0.003);
+    for (auto& p : group.params()) {
+      auto it = adam.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      CHECK(it != adam.state().end());
+      if (it == adam.state().end()) continue;  // (every rank has the same parameters)
+      auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
+      CHECK(s.step() == 3);
+      CHECK(same_on_all_ranks(s.exp_avg().data_ptr(), s.exp_avg().nbytes()));
+      CHECK(same_on_all_ranks(s.exp_avg_sq().data_ptr(), s.exp_avg_sq().nbytes()));
+    }
+  }
+  // The state is live: one more step on the same data keeps every rank bitwise identical. (Every
+  // parameter gets a gradient on every rank: root's zero_grad left defined zeros where the others
+  // have none, and Adam moves a parameter with a zero gradient but skips one without.)
+  adam.zero_grad();
+  mse(model, shards.rank_batch(0, 5), /*use_aux=*/true).backward();
+  adam.step();
+  CHECK(parameters_identical_on_all_ranks(*model));
+}
+
+TEST_CASE("named_parameters that miss a parameter, empty names, duplicates: clear errors") {
+  dtrain::init();
+  const Shards shards;
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  Net ref = clone_net(model);
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  using dtrain::InvalidArgumentError;
+
+  // fc2.weight comes third in the optimizer: the first two parameters were already resolved
+  // when the constructor throws, and must not be left with hooks into the dead object.
+  torch::OrderedDict<std::string, torch::Tensor> missing;
+  for (auto& item : model->named_parameters())
+    if (item.key() != "fc2.weight") missing.insert(item.key(), item.value());
+  CHECK_THROWS_WITH_AS(DistributedOptimizer(opt, missing),
+                       doctest::Contains("not in named_parameters"), InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(DistributedOptimizer(opt, missing),
+                       doctest::Contains("[3, 8]"), InvalidArgumentError);  // fc2.weight's shape
+
+  torch::OrderedDict<std::string, torch::Tensor> unnamed;
+  for (auto& item : model->named_parameters())
+    unnamed.insert(item.key() == "fc1.bias" ? std::string() : item.key(), item.value());
+  CHECK_THROWS_WITH_AS(DistributedOptimizer(opt, unnamed), doctest::Contains("empty name"),
+                       InvalidArgumentError);
+
+  // Another module's parameters under the right names do not count.
+  Net other = make_net();
+  CHECK_THROWS_AS(DistributedOptimizer(opt, other->named_parameters()), InvalidArgumentError);
+
+  // torch::OrderedDict rejects a duplicate key itself; a parameter the optimizer lists twice
+  // would be reduced twice per step.
+  CHECK_THROWS(missing.insert("fc1.weight", model->fc1->weight));
+  torch::optim::SGD twice(std::vector<torch::Tensor>{model->fc1->weight, model->fc1->bias,
+                                                     model->fc1->weight},
+                          sgd_options());
+  CHECK_THROWS_WITH_AS(DistributedOptimizer(twice, model->named_parameters()),
+                       doctest::Contains("'fc1.weight' (shape [8, 4]) appears more than once"),
+                       InvalidArgumentError);
+  CHECK_THROWS_WITH_AS(DistributedOptimizer<torch::optim::SGD>{twice},
+                       doctest::Contains("appears more than once"), InvalidArgumentError);
+
+  // After all these failures the model trains normally with a correct wrapper.
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  DistributedOptimizer dist(opt, model->named_parameters());
+  for (int t = 0; t < 2; ++t) {
+    dist.zero_grad();
+    mse(model, shards.rank_batch(world_rank(), t)).backward();
+    CHECK(dist.step());
+    ref_opt.zero_grad();
+    mse(ref, shards.global_batch(t)).backward();
+    ref_opt.step();
+  }
+  const double err = max_param_error(model, ref);
+  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+}
