@@ -14,7 +14,7 @@ Usage: tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
 
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
-  --torch     libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev
+  --torch     libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev
               (the libtorch integration, its tests and the Fashion-MNIST example)
   --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
   --dry-run   only print what would be installed
@@ -26,7 +26,7 @@ EOF
 }
 
 base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
-torch_packages=(libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev)
+torch_packages=(libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
 
 with_torch=0

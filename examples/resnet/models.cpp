@@ -1,5 +1,6 @@
 #include "models.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <utility>
 
@@ -17,8 +18,21 @@ torch::nn::Conv2d conv1x1(std::int64_t in, std::int64_t out, std::int64_t stride
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false));
 }
 
-torch::nn::Sequential projection(std::int64_t in, std::int64_t out, std::int64_t stride) {
-  return torch::nn::Sequential(conv1x1(in, out, stride), torch::nn::BatchNorm2d(out));
+// A Sequential of one module, so blocks hold either kind behind one type.
+torch::nn::Sequential norm_layer(std::int64_t channels, Norm norm) {
+  if (norm == Norm::group) {
+    const auto groups = std::max<std::int64_t>(1, channels / 8);
+    return torch::nn::Sequential(
+        torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels)));
+  }
+  return torch::nn::Sequential(torch::nn::BatchNorm2d(channels));
+}
+
+torch::nn::Sequential projection(std::int64_t in, std::int64_t out, std::int64_t stride,
+                                 Norm norm) {
+  auto layers = torch::nn::Sequential(conv1x1(in, out, stride));
+  layers->extend(*norm_layer(out, norm));
+  return layers;
 }
 
 // He et al. initialise convolutions for ReLU networks with fan-out scaling; batch norm starts as
@@ -39,15 +53,16 @@ torch::nn::Sequential classifier_head() {
 }  // namespace
 
 BasicBlockImpl::BasicBlockImpl(std::int64_t in_channels, std::int64_t out_channels,
-                               std::int64_t stride, Shortcut shortcut)
+                               std::int64_t stride, Shortcut shortcut, Norm norm)
     : stride_(stride) {
   conv1_ = register_module("conv1", conv3x3(in_channels, out_channels, stride));
-  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(out_channels));
+  norm1_ = register_module("norm1", norm_layer(out_channels, norm));
   conv2_ = register_module("conv2", conv3x3(out_channels, out_channels, 1));
-  bn2_ = register_module("bn2", torch::nn::BatchNorm2d(out_channels));
+  norm2_ = register_module("norm2", norm_layer(out_channels, norm));
   if (stride != 1 || in_channels != out_channels) {
     if (shortcut == Shortcut::projection) {
-      projection_ = register_module("shortcut", projection(in_channels, out_channels, stride));
+      projection_ =
+          register_module("shortcut", projection(in_channels, out_channels, stride, norm));
     } else {
       if (out_channels < in_channels) {
         throw std::invalid_argument("a zero-padding shortcut cannot reduce channels (" +
@@ -60,8 +75,8 @@ BasicBlockImpl::BasicBlockImpl(std::int64_t in_channels, std::int64_t out_channe
 }
 
 torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
-  auto out = torch::relu(bn1_(conv1_(x)));
-  out = bn2_(conv2_(out));
+  auto out = torch::relu(norm1_->forward(conv1_(x)));
+  out = norm2_->forward(conv2_(out));
   torch::Tensor identity = x;
   if (projection_) {
     identity = projection_->forward(x);
@@ -75,24 +90,26 @@ torch::Tensor BasicBlockImpl::forward(torch::Tensor x) {
   return torch::relu(out + identity);
 }
 
-BottleneckImpl::BottleneckImpl(std::int64_t in_channels, std::int64_t width, std::int64_t stride) {
+BottleneckImpl::BottleneckImpl(std::int64_t in_channels, std::int64_t width, std::int64_t stride,
+                               Norm norm) {
   const auto out_channels = width * expansion;
   conv1_ = register_module("conv1", conv1x1(in_channels, width, 1));
-  bn1_ = register_module("bn1", torch::nn::BatchNorm2d(width));
+  norm1_ = register_module("norm1", norm_layer(width, norm));
   // The stride sits on the 3x3 convolution (the "ResNet v1.5" placement torchvision uses).
   conv2_ = register_module("conv2", conv3x3(width, width, stride));
-  bn2_ = register_module("bn2", torch::nn::BatchNorm2d(width));
+  norm2_ = register_module("norm2", norm_layer(width, norm));
   conv3_ = register_module("conv3", conv1x1(width, out_channels, 1));
-  bn3_ = register_module("bn3", torch::nn::BatchNorm2d(out_channels));
+  norm3_ = register_module("norm3", norm_layer(out_channels, norm));
   if (stride != 1 || in_channels != out_channels) {
-    projection_ = register_module("shortcut", projection(in_channels, out_channels, stride));
+    projection_ =
+        register_module("shortcut", projection(in_channels, out_channels, stride, norm));
   }
 }
 
 torch::Tensor BottleneckImpl::forward(torch::Tensor x) {
-  auto out = torch::relu(bn1_(conv1_(x)));
-  out = torch::relu(bn2_(conv2_(out)));
-  out = bn3_(conv3_(out));
+  auto out = torch::relu(norm1_->forward(conv1_(x)));
+  out = torch::relu(norm2_->forward(conv2_(out)));
+  out = norm3_->forward(conv3_(out));
   return torch::relu(out + (projection_ ? projection_->forward(x) : x));
 }
 
@@ -102,13 +119,14 @@ CifarResNet::CifarResNet(std::int64_t depth, const ModelOptions& options) {
                                 std::to_string(depth));
   }
   const auto blocks_per_stage = (depth - 2) / 6;
-  torch::nn::Sequential features(conv3x3(options.in_channels, 16, 1), torch::nn::BatchNorm2d(16),
-                                 torch::nn::ReLU());
+  torch::nn::Sequential features(conv3x3(options.in_channels, 16, 1));
+  features->extend(*norm_layer(16, options.norm));
+  features->push_back(torch::nn::ReLU());
   std::int64_t channels = 16;
   for (const std::int64_t width : {16, 32, 64}) {
     for (std::int64_t i = 0; i < blocks_per_stage; ++i) {
       const std::int64_t stride = (i == 0 && width != 16) ? 2 : 1;
-      features->push_back(BasicBlock(channels, width, stride, options.shortcut));
+      features->push_back(BasicBlock(channels, width, stride, options.shortcut, options.norm));
       channels = width;
     }
   }
@@ -125,12 +143,12 @@ ImageNetResNet::ImageNetResNet(Block block, std::vector<std::int64_t> blocks_per
   torch::nn::Sequential features;
   if (options.small_input_stem) {
     features->push_back(conv3x3(options.in_channels, 64, 1));
-    features->push_back(torch::nn::BatchNorm2d(64));
+    features->extend(*norm_layer(64, options.norm));
     features->push_back(torch::nn::ReLU());
   } else {
     features->push_back(torch::nn::Conv2d(
         torch::nn::Conv2dOptions(options.in_channels, 64, 7).stride(2).padding(3).bias(false)));
-    features->push_back(torch::nn::BatchNorm2d(64));
+    features->extend(*norm_layer(64, options.norm));
     features->push_back(torch::nn::ReLU());
     features->push_back(torch::nn::MaxPool2d(torch::nn::MaxPool2dOptions(3).stride(2).padding(1)));
   }
@@ -140,10 +158,11 @@ ImageNetResNet::ImageNetResNet(Block block, std::vector<std::int64_t> blocks_per
     for (std::int64_t i = 0; i < blocks_per_stage[stage]; ++i) {
       const std::int64_t stride = (i == 0 && stage > 0) ? 2 : 1;
       if (block == Block::basic) {
-        features->push_back(BasicBlock(channels, width, stride, Shortcut::projection));
+        features->push_back(
+            BasicBlock(channels, width, stride, Shortcut::projection, options.norm));
         channels = width;
       } else {
-        features->push_back(Bottleneck(channels, width, stride));
+        features->push_back(Bottleneck(channels, width, stride, options.norm));
         channels = width * BottleneckImpl::expansion;
       }
     }

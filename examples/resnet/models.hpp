@@ -27,6 +27,16 @@ enum class Shortcut {
   projection,
 };
 
+// The normalization after each convolution.
+enum class Norm {
+  // Batch norm (He et al.'s choice). Statistics come from each rank's own batch, so N ranks with
+  // batch b normalize differently from one process with batch N*b.
+  batch,
+  // Group norm (Wu & He 2018), 8 channels per group. Per-sample statistics: the result does not
+  // depend on how the global batch is split across ranks, and small per-rank batches work.
+  group,
+};
+
 struct ModelOptions {
   std::int64_t in_channels = 3;  // 1 for Fashion-MNIST, 3 for CIFAR-10 and image folders
   std::int64_t num_classes = 10;
@@ -34,6 +44,7 @@ struct ModelOptions {
   // ImageNet-style networks only: a 3x3 stride-1 stem without max-pool instead of the 7x7 stride-2
   // stem and max-pool, which would shrink a 32 px input to 8 px before the first block.
   bool small_input_stem = true;
+  Norm norm = Norm::batch;
 };
 
 // Every model maps a [N, C, H, W] float batch to [N, num_classes] logits.
@@ -45,12 +56,12 @@ class Classifier : public torch::nn::Module {
 class BasicBlockImpl : public torch::nn::Module {
  public:
   BasicBlockImpl(std::int64_t in_channels, std::int64_t out_channels, std::int64_t stride,
-                 Shortcut shortcut);
+                 Shortcut shortcut, Norm norm = Norm::batch);
   torch::Tensor forward(torch::Tensor x);
 
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr};
+  torch::nn::Sequential norm1_{nullptr}, norm2_{nullptr};  // one Norm module each
   torch::nn::Sequential projection_{nullptr};
   std::int64_t stride_ = 1;
   std::int64_t pad_channels_ = 0;  // zero_pad shortcut: channels added on each side
@@ -60,12 +71,13 @@ TORCH_MODULE(BasicBlock);
 class BottleneckImpl : public torch::nn::Module {
  public:
   static constexpr std::int64_t expansion = 4;
-  BottleneckImpl(std::int64_t in_channels, std::int64_t width, std::int64_t stride);
+  BottleneckImpl(std::int64_t in_channels, std::int64_t width, std::int64_t stride,
+                 Norm norm = Norm::batch);
   torch::Tensor forward(torch::Tensor x);
 
  private:
   torch::nn::Conv2d conv1_{nullptr}, conv2_{nullptr}, conv3_{nullptr};
-  torch::nn::BatchNorm2d bn1_{nullptr}, bn2_{nullptr}, bn3_{nullptr};
+  torch::nn::Sequential norm1_{nullptr}, norm2_{nullptr}, norm3_{nullptr};
   torch::nn::Sequential projection_{nullptr};
 };
 TORCH_MODULE(Bottleneck);

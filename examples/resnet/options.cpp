@@ -36,7 +36,9 @@ void require(bool ok, const std::string& flag, const std::string& what, const st
 std::string usage(const std::string& program) {
   return "usage: " + program + R"( [options]
 
-Trains a ResNet image classifier and reports loss, accuracy and throughput per epoch.
+Trains a ResNet image classifier and reports loss, accuracy and throughput per epoch. Started
+with `mpiexec -n N`, it trains data-parallel on N ranks: each rank takes its own shard of every
+epoch and gradients are averaged before each step, so the global batch is N x --batch-size.
 
   --model NAME              resnet8 (default), resnet20, resnet32, resnet44, resnet56, resnet110
                             (CIFAR-style), resnet18, resnet34, resnet50 (ImageNet-style)
@@ -46,13 +48,19 @@ Trains a ResNet image classifier and reports loss, accuracy and throughput per e
                             cifar-10-binary.tar.gz; imagefolder: DIR/train/<class>/<image> and
                             DIR/val/<class>/<image>
   --epochs N                training epochs (default 3)
-  --batch-size N            samples per step (default 128)
-  --lr X                    peak learning rate of SGD (default 0.1), cosine-decayed to 0
+  --batch-size N            samples per step on each rank (default 128)
+  --lr X                    learning rate of SGD for one rank's batch (default 0.1),
+                            cosine-decayed to 0 after the warmup
+  --scale-lr                multiply the rate by the number of ranks (linear scaling rule)
   --momentum X              SGD momentum in [0, 1) (default 0.9)
   --weight-decay X          L2 penalty (default 5e-4)
-  --warmup-epochs X         linear learning-rate warmup from 0 over X epochs (default 0)
+  --warmup-epochs X         ramp the rate linearly from --lr to its peak over X epochs
+                            (default 0; with --scale-lr the peak is --lr x ranks)
+  --norm NAME               batch (default) or group: group norm does not depend on how
+                            the batch is split across ranks
   --seed N                  seed of initialisation, shuffling and augmentation (default 42)
-  --threads N               intra-op threads (default 0: one per core)
+  --threads N               intra-op threads per rank (default 0: the host's cores divided
+                            by the ranks on the host)
   --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)
   --eval-samples N          evaluate on the first N test samples (default 0: all)
   --augment                 random crop with padding and horizontal flip
@@ -107,6 +115,11 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       {"momentum", real(o.momentum, 0.0, 1.0, "in [0, 1)")},
       {"weight-decay", real(o.weight_decay, 0.0, huge, ">= 0")},
       {"warmup-epochs", real(o.warmup_epochs, 0.0, huge, ">= 0")},
+      {"norm",
+       [&o](const std::string& flag, const std::string& value) {
+         require(value == "batch" || value == "group", flag, "batch or group", value);
+         o.norm = value;
+       }},
       {"seed",
        [&o](const std::string& flag, const std::string& value) {
          o.seed = parse_number<std::uint64_t>(flag, value);
@@ -119,7 +132,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       {"checkpoint-dir", text(o.checkpoint_dir)},
   };
   const std::map<std::string, bool*> switches = {
-      {"augment", &o.augment}, {"quiet", &o.quiet}, {"help", &o.help}};
+      {"augment", &o.augment}, {"scale-lr", &o.scale_lr}, {"quiet", &o.quiet}, {"help", &o.help}};
 
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];

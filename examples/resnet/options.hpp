@@ -20,13 +20,15 @@ struct TrainOptions {
   std::string dataset = "fashion-mnist";  // fashion-mnist | cifar10 | imagefolder | synthetic
   std::string data_dir;                   // empty: the dataset's default location
   std::int64_t epochs = 3;
-  std::int64_t batch_size = 128;
-  double lr = 0.1;
+  std::int64_t batch_size = 128;         // per rank
+  double lr = 0.1;                        // one rank's rate
+  bool scale_lr = false;                  // peak rate lr x ranks, reached after the warmup
   double momentum = 0.9;
   double weight_decay = 5e-4;
-  double warmup_epochs = 0.0;
+  double warmup_epochs = 0.0;             // linear ramp from lr to the peak
+  std::string norm = "batch";             // batch | group
   std::uint64_t seed = 42;
-  std::int64_t threads = 0;              // 0: every core
+  std::int64_t threads = 0;              // 0: the host's cores / ranks on the host
   std::int64_t max_steps_per_epoch = 0;  // 0: the whole training set every epoch
   std::int64_t eval_samples = 0;         // 0: the whole test set
   bool augment = false;                  // random crop (padding 2 or 4) + flip

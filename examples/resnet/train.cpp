@@ -1,20 +1,28 @@
 // Trains a ResNet classifier with SGD + momentum on Fashion-MNIST (default), CIFAR-10, a folder of
 // images, or synthetic data, printing one line per epoch and a summary.
 //
-//   resnet_train --model resnet8 --epochs 3
-//   resnet_train --dataset cifar10 --data-dir ~/data/cifar-10-batches-bin --model resnet20
-//   --augment
+// It is an ordinary single-process libtorch trainer plus the dtrain lines marked "dtrain:", which
+// make it data-parallel: start it with `mpiexec -n 4 resnet_train ...` and every rank trains on its
+// own quarter of each epoch, with gradients averaged before every step.
+//
+//   mpiexec -n 2 resnet_train --model resnet8 --epochs 3
+//   mpiexec -n 4 resnet_train --lr 0.05 --scale-lr --warmup-epochs 2
+//   resnet_train --dataset cifar10 --data-dir ~/data/cifar-10-batches-bin --augment
 
 #include <fmt/core.h>
+#include <mpi.h>
 #include <torch/torch.h>
+
+#include <dtrain/torch.hpp>  // dtrain: the SDK, with its libtorch support
+#if defined(RESNET_WITH_DTRAIN_CUDA)
+#include <dtrain/cuda.hpp>  // dtrain: allreduce of CUDA tensors over NCCL
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <numbers>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -63,38 +71,8 @@ DataSplits load_data(const TrainOptions& options) {
                                  .seed = options.seed});
 }
 
-// The order in which one epoch visits the training set: a permutation that depends only on the
-// seed and the epoch, so a run can be repeated exactly.
-std::vector<std::int64_t> epoch_order(std::int64_t dataset_size, std::uint64_t seed,
-                                      std::int64_t epoch) {
-  std::vector<std::int64_t> order(static_cast<std::size_t>(dataset_size));
-  for (std::int64_t i = 0; i < dataset_size; ++i) order[static_cast<std::size_t>(i)] = i;
-  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(epoch));
-  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
-  return order;
-}
-
-// Linear warmup from 0 to the peak rate, then cosine decay to 0 at the last step.
-struct LearningRateSchedule {
-  double peak;
-  std::int64_t warmup_steps;
-  std::int64_t total_steps;
-
-  double at(std::int64_t step) const {
-    if (step < warmup_steps) return peak * static_cast<double>(step + 1) / warmup_steps;
-    const double progress = static_cast<double>(step - warmup_steps) /
-                            std::max<std::int64_t>(1, total_steps - warmup_steps);
-    return 0.5 * peak * (1.0 + std::cos(std::numbers::pi * progress));
-  }
-};
-
-void set_learning_rate(torch::optim::SGD& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) {
-    static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-  }
-}
-
-// Sums over the samples a phase has seen; the per-epoch report divides them.
+// Sums over the samples a phase has seen on this rank; the per-epoch report averages them over
+// every rank.
 struct Totals {
   double loss_sum = 0.0;
   std::int64_t correct = 0;
@@ -110,32 +88,38 @@ void accumulate(Totals& totals, const torch::Tensor& logits, const torch::Tensor
   totals.samples += n;
 }
 
-std::int64_t steps_per_epoch(const TrainOptions& options, std::int64_t train_samples) {
-  // Full batches only: a batch of one sample would break batch norm's training statistics.
-  auto steps = std::max<std::int64_t>(1, train_samples / options.batch_size);
+// dtrain: every rank takes the same number of steps (an extra step on one rank would leave the
+// others waiting for its gradients). The sampler pads the epoch so every rank's shard has the same
+// length; only full batches are used, as one sample would break batch norm's statistics.
+std::int64_t steps_per_epoch(const TrainOptions& options,
+                             const dtrain::DistributedSampler& sampler) {
+  auto steps = std::max<std::int64_t>(1, sampler.num_batches(options.batch_size, true));
   if (options.max_steps_per_epoch > 0) steps = std::min(steps, options.max_steps_per_epoch);
   return steps;
 }
 
-Totals train_one_epoch(Classifier& model, torch::optim::SGD& optimizer, const Dataset& train,
-                       const std::vector<std::int64_t>& order, const TrainOptions& options,
-                       const LearningRateSchedule& schedule, std::int64_t first_step,
-                       torch::Generator& augment_rng) {
+template <class Optimizer>
+Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SGD& sgd,
+                       const Dataset& train, const std::vector<std::int64_t>& shard,
+                       const TrainOptions& options, const dtrain::LrSchedule& schedule,
+                       std::int64_t first_step, std::int64_t steps, torch::Generator& augment_rng,
+                       const torch::Device& device) {
   model.train();
   Totals totals;
   const auto start = Clock::now();
-  const auto steps = steps_per_epoch(options, static_cast<std::int64_t>(order.size()));
-  const auto batch_size = std::min<std::int64_t>(options.batch_size, train.size());
+  const auto batch_size = std::min<std::int64_t>(options.batch_size,
+                                                 static_cast<std::int64_t>(shard.size()));
   const auto pad = train.images.size(2) >= 32 ? 4 : 2;
   for (std::int64_t step = 0; step < steps; ++step) {
+    const auto begin = shard.begin() + step * batch_size;
     const auto indices =
-        torch::tensor(std::vector<std::int64_t>(order.begin() + step * batch_size,
-                                                order.begin() + (step + 1) * batch_size),
-                      torch::kLong);
+        torch::tensor(std::vector<std::int64_t>(begin, begin + batch_size), torch::kLong);
     auto batch = train.subset(indices);
     if (options.augment) batch.images = resnet::augment_batch(batch.images, pad, true, augment_rng);
+    batch.images = batch.images.to(device);
+    batch.labels = batch.labels.to(device);
 
-    set_learning_rate(optimizer, schedule.at(first_step + step));
+    dtrain::set_learning_rate(sgd, schedule.lr_at_step(first_step + step));
     optimizer.zero_grad();
     const auto logits = model.forward(batch.images);
     const auto loss = torch::nn::functional::cross_entropy(logits, batch.labels);
@@ -147,15 +131,29 @@ Totals train_one_epoch(Classifier& model, torch::optim::SGD& optimizer, const Da
   return totals;
 }
 
-Totals evaluate(Classifier& model, const Dataset& test, std::int64_t batch_size) {
+// dtrain: batch norm's running statistics are updated from each rank's own batches; evaluation
+// and checkpoints use their average over the ranks, so every rank holds the same model.
+void average_buffers(torch::nn::Module& model) {
+  std::vector<torch::Tensor> statistics;
+  for (const auto& buffer : model.buffers())
+    if (buffer.is_floating_point()) statistics.push_back(buffer);
+  if (!statistics.empty()) dtrain::grouped_allreduce(statistics, {.name = "model.buffers"});
+}
+
+// dtrain: each rank evaluates its own contiguous slice of the test set; the report sums them.
+Totals evaluate(Classifier& model, const Dataset& test, std::int64_t batch_size,
+                const torch::Device& device) {
   torch::NoGradGuard no_grad;
   model.eval();
   Totals totals;
   const auto start = Clock::now();
-  for (std::int64_t begin = 0; begin < test.size(); begin += batch_size) {
-    const auto n = std::min(batch_size, test.size() - begin);
-    const auto images = test.images.narrow(0, begin, n);
-    const auto labels = test.labels.narrow(0, begin, n);
+  const auto ranks = static_cast<std::int64_t>(dtrain::size());
+  const auto rank = static_cast<std::int64_t>(dtrain::rank());
+  const auto first = test.size() * rank / ranks, last = test.size() * (rank + 1) / ranks;
+  for (std::int64_t begin = first; begin < last; begin += batch_size) {
+    const auto n = std::min(batch_size, last - begin);
+    const auto images = test.images.narrow(0, begin, n).to(device);
+    const auto labels = test.labels.narrow(0, begin, n).to(device);
     const auto logits = model.forward(images);
     accumulate(totals, logits, labels, torch::nn::functional::cross_entropy(logits, labels));
   }
@@ -168,21 +166,29 @@ struct EpochReport {
   double train_accuracy;
   double test_loss;
   double test_accuracy;
-  double images_per_second;  // training throughput
-  double seconds;            // training + evaluation
+  double images_per_second;  // training throughput of all ranks together
+  double seconds;            // training + evaluation, slowest rank
+  std::int64_t train_images;  // all ranks
 };
 
-// Every metric the trainer prints is derived here, from the sums of one epoch.
-EpochReport summarize(const Totals& train, const Totals& test) {
-  auto ratio = [](double numerator, std::int64_t count) {
-    return count > 0 ? numerator / static_cast<double>(count) : 0.0;
-  };
-  return {ratio(train.loss_sum, train.samples),
-          ratio(static_cast<double>(train.correct), train.samples),
-          ratio(test.loss_sum, test.samples),
-          ratio(static_cast<double>(test.correct), test.samples),
-          train.seconds > 0 ? static_cast<double>(train.samples) / train.seconds : 0.0,
-          train.seconds + test.seconds};
+// dtrain: averages the epoch's metrics over every rank, weighted by the samples each rank saw.
+// Collective: every rank calls it once per epoch.
+EpochReport summarize(const Totals& train, const Totals& test,
+                      const dtrain::ThroughputMeter::EpochStats& throughput, double eval_seconds) {
+  dtrain::MetricAverager metrics;
+  const auto n_train = static_cast<double>(train.samples);
+  const auto n_test = static_cast<double>(test.samples);
+  metrics.add("train.loss", n_train > 0 ? train.loss_sum / n_train : 0.0, n_train);
+  metrics.add("train.accuracy", n_train > 0 ? static_cast<double>(train.correct) / n_train : 0.0,
+              n_train);
+  metrics.add("test.loss", n_test > 0 ? test.loss_sum / n_test : 0.0, n_test);
+  metrics.add("test.accuracy", n_test > 0 ? static_cast<double>(test.correct) / n_test : 0.0,
+              n_test);
+  const auto average = metrics.average();
+  return {average.at("train.loss"),         average.at("train.accuracy"),
+          average.at("test.loss"),          average.at("test.accuracy"),
+          throughput.samples_per_second,    throughput.seconds + eval_seconds,
+          throughput.global_samples};
 }
 
 void save_checkpoint(const std::filesystem::path& dir, const std::shared_ptr<Classifier>& model,
@@ -208,11 +214,21 @@ int run(const TrainOptions& options) {
     for (const auto& name : models) accepted += (accepted.empty() ? "" : ", ") + name;
     throw resnet::UsageError("--model must be one of " + accepted + ", got " + options.model);
   }
+  const bool is_root = dtrain::rank() == 0;  // dtrain: one rank prints and writes files
+  const bool report = is_root && !options.quiet;
+  // dtrain: ranks on one host share its cores instead of each starting one thread per core.
+  const auto cores = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
   const auto threads = options.threads > 0
                            ? options.threads
-                           : std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+                           : std::max<std::int64_t>(1, cores / dtrain::local_size());
   torch::set_num_threads(static_cast<int>(threads));
   torch::manual_seed(options.seed);
+  // dtrain: with GPUs, each rank on a host takes its own, by local rank.
+  const torch::Device device =
+      torch::cuda::is_available()
+          ? torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(
+                                            dtrain::local_rank() % torch::cuda::device_count()))
+          : torch::Device(torch::kCPU);
 
   const auto load_start = Clock::now();
   const DataSplits data = load_data(options);
@@ -221,26 +237,46 @@ int run(const TrainOptions& options) {
                                      data.test.labels.narrow(0, 0, options.eval_samples)}
                            : data.test;
 
+  const auto norm = options.norm == "group" ? resnet::Norm::group : resnet::Norm::batch;
   const auto model = resnet::make_model(
-      options.model, {.in_channels = data.channels(), .num_classes = data.num_classes()});
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(options.lr)
-                                                       .momentum(options.momentum)
-                                                       .weight_decay(options.weight_decay));
+      options.model,
+      {.in_channels = data.channels(), .num_classes = data.num_classes(), .norm = norm});
+  dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
+  model->to(device);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
+                                                 .momentum(options.momentum)
+                                                 .weight_decay(options.weight_decay));
+  // dtrain: gradients are averaged over the ranks, each allreduce starting while backward runs.
+  dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters());
 
-  const auto steps = steps_per_epoch(options, data.train.size());
-  const LearningRateSchedule schedule{
-      options.lr, static_cast<std::int64_t>(std::llround(options.warmup_epochs * steps)),
-      options.epochs * steps};
-  auto augment_rng = at::detail::createCPUGenerator(options.seed + 1);
+  // dtrain: this rank's shard of every epoch, a permutation fixed by (seed, epoch).
+  dtrain::DistributedSampler sampler(data.train.size(), dtrain::size(), dtrain::rank(),
+                                     /*shuffle=*/true, options.seed);
+  const auto steps = steps_per_epoch(options, sampler);
+  // dtrain: with --scale-lr the rate ramps from --lr to --lr x ranks over the warmup epochs (the
+  // global batch is ranks x --batch-size), then decays to 0 along a cosine.
+  dtrain::LrScheduleOptions lr_options;
+  lr_options.base_lr = options.lr;
+  lr_options.world_size = dtrain::size();
+  lr_options.scale_by_world_size = options.scale_lr;
+  lr_options.warmup_epochs = options.warmup_epochs;
+  lr_options.steps_per_epoch = steps;
+  lr_options.decay = dtrain::Decay::cosine;
+  lr_options.total_epochs = static_cast<double>(options.epochs);
+  const dtrain::LrSchedule schedule(lr_options);
+  // Augmentation differs per rank, as it would for different samples in one process.
+  auto augment_rng =
+      at::detail::createCPUGenerator(options.seed + 1 + static_cast<std::uint64_t>(dtrain::rank()));
 
   const auto& shape = data.train.images.sizes();
-  if (!options.quiet) {
+  if (report) {
     fmt::print(
-        "{} on {}: {} train / {} test images of {}x{}x{}, {} classes; batch {}, {} steps "
-        "per epoch, lr {}, {} threads; data loaded in {:.1f} s\n",
+        "{} on {}: {} train / {} test images of {}x{}x{}, {} classes; {} ranks x batch {} = {}, "
+        "{} steps per epoch, lr {} (peak {}), {} threads per rank on {}; data loaded in {:.1f} s\n",
         options.model, options.dataset, data.train.size(), test.size(), shape[1], shape[2],
-        shape[3], data.num_classes(), options.batch_size, steps, options.lr, threads,
-        seconds_since(load_start));
+        shape[3], data.num_classes(), dtrain::size(), options.batch_size,
+        options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(), threads,
+        device.str(), seconds_since(load_start));
     std::fflush(stdout);
   }
 
@@ -249,16 +285,23 @@ int run(const TrainOptions& options) {
   double best_accuracy = 0.0;
   double train_seconds = 0.0;
   std::int64_t train_images = 0;
+  dtrain::ThroughputMeter throughput;  // dtrain: images/s of all ranks together
   for (std::int64_t epoch = 1; epoch <= options.epochs; ++epoch) {
-    const auto order = epoch_order(data.train.size(), options.seed, epoch);
-    const Totals train = train_one_epoch(*model, optimizer, data.train, order, options, schedule,
-                                         (epoch - 1) * steps, augment_rng);
-    const Totals tested = evaluate(*model, test, std::max<std::int64_t>(options.batch_size, 256));
-    last = summarize(train, tested);
+    sampler.set_epoch(epoch);
+    throughput.start_epoch();
+    const Totals train = train_one_epoch(*model, optimizer, sgd, data.train, sampler.indices(),
+                                         options, schedule, (epoch - 1) * steps, steps,
+                                         augment_rng, device);
+    throughput.add_samples(train.samples);
+    const auto trained = throughput.end_epoch();
+    average_buffers(*model);
+    const Totals tested =
+        evaluate(*model, test, std::max<std::int64_t>(options.batch_size, 256), device);
+    last = summarize(train, tested, trained, tested.seconds);
     best_accuracy = std::max(best_accuracy, last.test_accuracy);
-    train_seconds += train.seconds;
-    train_images += train.samples;
-    if (!options.quiet) {
+    train_seconds += trained.seconds;
+    train_images += last.train_images;
+    if (report) {
       fmt::print(
           "epoch {:>3}/{}  loss {:.4f}  train acc {:6.2f}%  test loss {:.4f}  test acc "
           "{:6.2f}%  {:7.1f} img/s  {:6.1f} s\n",
@@ -266,13 +309,17 @@ int run(const TrainOptions& options) {
           100 * last.test_accuracy, last.images_per_second, last.seconds);
       std::fflush(stdout);
     }
-    if (!options.checkpoint_dir.empty()) save_checkpoint(options.checkpoint_dir, model, optimizer);
+    if (is_root && !options.checkpoint_dir.empty())
+      save_checkpoint(options.checkpoint_dir, model, sgd);
   }
-  fmt::print(
-      "final: {} epochs in {:.1f} s, test accuracy {:.2f}% (best {:.2f}%), train loss "
-      "{:.4f}, {:.1f} img/s\n",
-      options.epochs, seconds_since(run_start), 100 * last.test_accuracy, 100 * best_accuracy,
-      last.train_loss, train_seconds > 0 ? static_cast<double>(train_images) / train_seconds : 0.0);
+  if (is_root) {
+    fmt::print(
+        "final: {} epochs in {:.1f} s on {} ranks, test accuracy {:.2f}% (best {:.2f}%), train "
+        "loss {:.4f}, {:.1f} img/s\n",
+        options.epochs, seconds_since(run_start), dtrain::size(), 100 * last.test_accuracy,
+        100 * best_accuracy, last.train_loss,
+        train_seconds > 0 ? static_cast<double>(train_images) / train_seconds : 0.0);
+  }
   return 0;
 }
 
@@ -282,15 +329,26 @@ int main(int argc, char** argv) {
   const std::string program =
       argc > 0 ? std::filesystem::path(argv[0]).filename().string() : std::string("resnet_train");
   try {
-    const TrainOptions options = resnet::parse_options(argc, argv);
-    if (options.help) {
-      fmt::print("{}", resnet::usage(program));
-      return 0;
+    dtrain::Session session(argc, argv);  // dtrain: start MPI and the engine; stop at scope exit
+    const bool is_root = dtrain::rank() == 0;
+    try {
+      const TrainOptions options = resnet::parse_options(argc, argv);
+      if (options.help) {
+        if (is_root) fmt::print("{}", resnet::usage(program));
+        return 0;
+      }
+      return run(options);
+    } catch (const resnet::UsageError& e) {
+      // Every rank parses the same flags, so every rank gets here and none waits for another.
+      if (is_root) fmt::print(stderr, "{}: {}\n\n{}", program, e.what(), resnet::usage(program));
+      return 2;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "{}: error on rank {}: {}\n", program, dtrain::rank(), e.what());
+      // A failure on one rank (a file it cannot write, say) would leave the others waiting in
+      // their next collective: stop them all.
+      if (dtrain::size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+      return 1;
     }
-    return run(options);
-  } catch (const resnet::UsageError& e) {
-    fmt::print(stderr, "{}: {}\n\n{}", program, e.what(), resnet::usage(program));
-    return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "{}: error: {}\n", program, e.what());
     return 1;

@@ -74,7 +74,7 @@ TEST_CASE("a zero-padding shortcut carries the input through unchanged in its ch
   // With every residual branch's output forced to 0, a block computes relu(shortcut(x)).
   BasicBlock block(2, 4, 2, Shortcut::zero_pad);
   for (auto& named : block->named_parameters()) {
-    if (named.key().find("bn2") != std::string::npos) {
+    if (named.key().find("norm2") != std::string::npos) {
       torch::NoGradGuard no_grad;
       named.value().zero_();
     }
@@ -123,4 +123,22 @@ TEST_CASE("CIFAR-style models train: a few SGD steps reduce the loss on a fixed 
     (step == 0 ? first : last) = loss.item<double>();
   }
   CHECK(last < 0.5 * first);
+}
+
+TEST_CASE("group norm makes a sample's output independent of its batch; batch norm does not") {
+  torch::manual_seed(2);
+  const auto images = torch::randn({8, 1, 16, 16});
+  for (const auto norm : {Norm::group, Norm::batch}) {
+    CAPTURE(norm == Norm::group ? "group" : "batch");
+    for (const auto& name : {"resnet8", "resnet18"}) {
+      CAPTURE(name);
+      const auto model = make_model(name, {.in_channels = 1, .num_classes = 10, .norm = norm});
+      model->train();  // batch norm uses the batch's statistics only while training
+      torch::NoGradGuard no_grad;
+      const auto whole = model->forward(images).narrow(0, 0, 4);
+      const auto half = model->forward(images.narrow(0, 0, 4));
+      const bool same = torch::allclose(whole, half, 1e-5, 1e-5);
+      CHECK(same == (norm == Norm::group));
+    }
+  }
 }

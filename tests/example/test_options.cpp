@@ -30,6 +30,8 @@ TEST_CASE("no flags: the defaults") {
   CHECK(o.epochs == 3);
   CHECK(o.batch_size == 128);
   CHECK(o.threads == 0);
+  CHECK_FALSE(o.scale_lr);
+  CHECK(o.norm == "batch");
   CHECK_FALSE(o.quiet);
   CHECK_FALSE(o.augment);
 }
@@ -48,8 +50,10 @@ TEST_CASE("every flag, in both spellings") {
                                                                 "--momentum=0.85",
                                                                 "--weight-decay",
                                                                 "1e-4",
+                                                                "--scale-lr",
                                                                 "--warmup-epochs",
                                                                 "2.5",
+                                                                "--norm=group",
                                                                 "--seed",
                                                                 "123",
                                                                 "--threads",
@@ -73,7 +77,9 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.lr == doctest::Approx(0.4));
   CHECK(o.momentum == doctest::Approx(0.85));
   CHECK(o.weight_decay == doctest::Approx(1e-4));
+  CHECK(o.scale_lr);
   CHECK(o.warmup_epochs == doctest::Approx(2.5));
+  CHECK(o.norm == "group");
   CHECK(o.seed == 123);
   CHECK(o.threads == 2);
   CHECK(o.max_steps_per_epoch == 10);
@@ -106,6 +112,8 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
         "--dataset must be one of fashion-mnist, cifar10, imagefolder, synthetic, got mnist");
   CHECK(usage_error({"--data-dir="}) == "--data-dir must be non-empty, got ''");
   CHECK(usage_error({"--quiet=yes"}) == "--quiet takes no value");
+  CHECK(usage_error({"--scale-lr=2"}) == "--scale-lr takes no value");
+  CHECK(usage_error({"--norm", "layer"}) == "--norm must be batch or group, got layer");
   CHECK(usage_error({"--epochs", "2", "--warmup-epochs", "3"}) ==
         "--warmup-epochs (3) must not exceed --epochs (2)");
 }
@@ -118,7 +126,8 @@ TEST_CASE("the usage text documents every flag") {
         "--batch-size",     "--lr",      "--momentum",   "--weight-decay",
         "--warmup-epochs",  "--seed",    "--threads",    "--max-steps-per-epoch",
         "--eval-samples",   "--augment", "--image-size", "--synthetic-samples",
-        "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist"}) {
+        "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
+        "--scale-lr",       "--norm",    "mpiexec -n N"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

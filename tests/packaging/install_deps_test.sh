@@ -99,7 +99,7 @@ run
 # --torch adds the libtorch packages, and only the missing ones.
 reset "${base[@]}" zlib1g-dev
 run --torch
-[[ $(tail -n 1 "$FAKE_LOG") == *"--no-install-recommends libtorch-dev libopenblas0-pthread dataset-fashion-mnist" ]] ||
+[[ $(tail -n 1 "$FAKE_LOG") == *"--no-install-recommends libtorch-dev libopenblas0-pthread dataset-fashion-mnist libstb-dev" ]] ||
   fail "--torch: apt calls were: $(cat "$FAKE_LOG")"
 run
 [[ $(grep -c install "$FAKE_LOG") == 1 ]] || fail "without --torch nothing more is needed"
