@@ -123,11 +123,12 @@ class HostBackend final : public Backend {
       }
       return;
     }
-    FusedJob job;
+    // Persistent: its vectors keep their capacity, so a steady-state step allocates nothing.
+    FusedJob& job = job_;
     job.dtype = dtype;
     job.prescale = r.prescale;
     job.postscale = post;
-    job.segments.reserve(entries.size());
+    job.segments.clear();
     for (std::size_t i = 0; i < entries.size(); ++i) {
       FusedSegment s;
       s.numel = r.numels[i];
@@ -243,6 +244,7 @@ class HostBackend final : public Backend {
   HostBuffer fusion_;
   HostBuffer scratch_;
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
+  FusedJob job_;  // the fused allreduce being executed (Note [Direct segments])
   FusionPipeline pipeline_;
   bool overlap_ = false;
   std::int64_t direct_min_bytes_ = 0;  // 0: pack every tensor of a fused response
