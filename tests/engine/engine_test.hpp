@@ -20,19 +20,12 @@
 #include "dtrain/runtime/runtime.hpp"
 #include "dtrain/tensor/half.hpp"
 #include "dtrain/tensor/view.hpp"
+#include "support/world.hpp"
 
 namespace dtrain::test {
 
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using dtrain_test_support::world_rank;
+using dtrain_test_support::world_size;
 
 // dtrain initialized with `config` for the life of the object.
 class Initialized {

@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/dtrain.hpp"
+#include "support/world.hpp"
 
 // Every element type dtrain supports, for TEST_CASE_TEMPLATE.
 #define DTRAIN_TEST_ALL_TYPES                                                                   \
@@ -29,16 +30,8 @@
 
 namespace dtrain_test {
 
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using dtrain_test_support::world_rank;
+using dtrain_test_support::world_size;
 
 template <class T>
 inline constexpr bool is_half_v =

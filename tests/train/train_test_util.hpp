@@ -17,19 +17,12 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include "support/world.hpp"
 
 namespace train_test {
 
-inline int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-inline int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
+using dtrain_test_support::world_rank;
+using dtrain_test_support::world_size;
 
 // True on every rank iff the `bytes` bytes at `p` are identical on every rank.
 inline bool same_on_all_ranks(const void* p, std::size_t bytes) {
