@@ -10,6 +10,7 @@
 #include "dtrain/core/version.hpp"
 #include "dtrain/data/distributed_sampler.hpp"
 #include "dtrain/data/file_sharder.hpp"
+#include "dtrain/data/sampler_state.hpp"
 #include "dtrain/data/split_sorted_bucket_sampler.hpp"
 #include "dtrain/runtime/runtime.hpp"
 #include "dtrain/tensor/traits.hpp"
