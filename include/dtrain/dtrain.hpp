@@ -16,6 +16,7 @@
 #include "dtrain/tensor/traits.hpp"
 #include "dtrain/tensor/view.hpp"
 #include "dtrain/train/broadcast_parameters.hpp"
+#include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
 #include "dtrain/train/lr_schedule.hpp"
 #include "dtrain/train/metrics.hpp"
