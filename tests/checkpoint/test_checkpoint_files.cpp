@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -204,8 +205,31 @@ TEST_CASE("checkpoint: truncated, corrupted and foreign files are skipped with a
   dtrain::test::LogCapture log(dtrain::LogLevel::warning);
   dtrain::Checkpoint c(options_for(dir, 0));
   CHECK_FALSE(c.restore().has_value());
-  CHECK(log.count({file_name(2), "trailer is damaged"}) == 1);
+  CHECK(log.count({file_name(2), "the trailer is damaged"}) == 1);
   CHECK(log.count({file_name(1), "other byte order"}) == 1);
+}
+
+TEST_CASE("checkpoint: every truncation and every flipped byte of a file is rejected") {
+  dtrain::init();
+  SharedTempDir dir;
+  {
+    dtrain::Checkpoint c(options_for(dir));
+    c.save({.step = 1, .epoch = 1}, {{"a", std::vector<std::int16_t>{1, 2, 3}}, {"b", std::string("xy")}},
+           {{"c", 7}});
+  }
+  const auto good = read_file(dir / file_name(1));
+  dtrain::detail::CheckpointRecord record;
+  REQUIRE(dtrain::detail::parse_checkpoint(good, record).empty());
+  for (std::size_t n = 0; n < good.size(); ++n) {
+    CAPTURE(n);
+    CHECK_FALSE(dtrain::detail::parse_checkpoint(std::span(good.data(), n), record).empty());
+  }
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    CAPTURE(at);
+    auto bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x01);
+    CHECK_FALSE(dtrain::detail::parse_checkpoint(bad, record).empty());
+  }
 }
 
 TEST_CASE("checkpoint: a file whose name and contents disagree on the step is skipped") {

@@ -142,8 +142,10 @@ inline std::string parse_checkpoint(std::span<const char> file, CheckpointRecord
                        file.size() < expected ? "truncated" : "trailing bytes", file.size(),
                        expected);
   const char* trailer = file.data() + file.size() - checkpoint_trailer_bytes;
-  if (std::memcmp(trailer + 8, checkpoint_end_magic, 8) != 0)
-    return "the trailer is damaged (no \"DTRAINOK\" at the end)";
+  std::uint32_t trailer_zero = 0;
+  std::memcpy(&trailer_zero, trailer + 4, 4);
+  if (std::memcmp(trailer + 8, checkpoint_end_magic, 8) != 0 || trailer_zero != 0)
+    return "the trailer is damaged (it does not end in 0 and \"DTRAINOK\")";
   std::uint32_t stored = 0;
   std::memcpy(&stored, trailer, 4);
   const std::uint32_t computed = crc32c(file.data(), file.size() - checkpoint_trailer_bytes);
