@@ -16,6 +16,8 @@
 //                           (that step - step)
 //   cost, blocking          step + save + wait - step
 // A step's time is the slowest rank's, from a barrier (Note [Benchmark method]).
+// Then rank 0 alone times the phases of one write of the same size, with no training running:
+// CRC-32C, write(2) in 4 MiB pieces, and commit (fsync, rename, folder fsync).
 //
 // Usage: mpiexec -n <ranks> bench_checkpoint_save [--rounds=5] [--model=resnet18|resnet50|all]
 //                                                [--dir=bench-checkpoints]
@@ -24,6 +26,8 @@
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
+#include <dtrain/train/atomic_file.hpp>
+#include <dtrain/train/crc32c.hpp>
 
 #include "bench_common.hpp"
 
@@ -142,7 +146,37 @@ int main(int argc, char** argv) {
                  cell("cost, background"), cell("cost, blocking"));
     }
   }
-  if (rank == 0) std::filesystem::remove_all(dir);
+  if (rank == 0) {
+    fmt::print("\nwhere a write's time goes (rank 0 alone, median of 3; CRC-32C in hardware: {})\n\n"
+               "| bytes | CRC-32C | write(2) | fsync + rename + folder fsync |\n|---|---|---|---|\n",
+               dtrain::detail::crc32c_in_hardware() ? "yes" : "no");
+    std::filesystem::create_directories(dir);
+    for (const auto& name : models) {
+      std::int64_t bytes = 0;
+      for (const auto& p : name == "resnet50" ? bench::resnet50_params() : bench::resnet18_params())
+        bytes += 2 * p.numel() * static_cast<std::int64_t>(sizeof(float));
+      const std::vector<char> payload(static_cast<std::size_t>(bytes), 1);
+      bench::Samples phases;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto t0 = bench::Clock::now();
+        const volatile std::uint32_t crc = dtrain::detail::crc32c(payload.data(), payload.size());
+        (void)crc;
+        phases.add("crc", bench::seconds_since(t0));
+        dtrain::detail::AtomicFileWriter file(dir / "phases.bin");
+        t0 = bench::Clock::now();
+        for (std::size_t at = 0; at < payload.size(); at += std::size_t{4} << 20)
+          file.write(payload.data() + at, std::min(std::size_t{4} << 20, payload.size() - at));
+        phases.add("write", bench::seconds_since(t0));
+        t0 = bench::Clock::now();
+        file.commit();
+        phases.add("commit", bench::seconds_since(t0));
+      }
+      fmt::print("| {:.1f} MB | {} | {} | {} |\n", static_cast<double>(bytes) / 1e6,
+                 bench::human_time(phases.get("crc").median), bench::human_time(phases.get("write").median),
+                 bench::human_time(phases.get("commit").median));
+    }
+    std::filesystem::remove_all(dir);
+  }
   dtrain::shutdown();
   return 0;
 }
