@@ -1,8 +1,6 @@
 """dtrainrun --cluster: every host runs the same command; the first host in sorted order starts
 the job and the others wait and exit with its status. Two "hosts" on this machine: 127.0.0.1
 (the leader) and 127.0.0.2, which the MPI launcher reaches through a local launcher agent."""
-import os
-import signal
 import subprocess
 import time
 import unittest
@@ -58,7 +56,7 @@ class Cluster(unittest.TestCase):
         for p in (leader, follower):
             code, out, err = self.finish(p)
             self.assertEqual(code, 3, err)
-            self.assertIn(f"dtrainrun: job failed: rank 3 on", err)
+            self.assertIn("dtrainrun: job failed: rank 3 on", err)
 
     def test_sagemaker_variables(self):
         def env(current):

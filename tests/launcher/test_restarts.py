@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 import unittest
 
 from launcher_test_support import DTRAINRUN, clean_env, dtrainrun, program

@@ -217,9 +217,10 @@ class Leader:
         deadline = time.monotonic() + timeout_s
         with self.lock:
             missing = [h for h in self.cluster.followers if h not in self.connections]
-            if missing:
-                output.note(f"dtrainrun: leader {self.cluster.leader}: waiting for "
-                            f"{', '.join(missing)}")
+        if missing:  # a note goes to the followers too, so not while holding the lock
+            output.note(f"dtrainrun: leader {self.cluster.leader}: waiting for "
+                        f"{', '.join(missing)}")
+        with self.lock:
             while True:
                 missing = [h for h in self.cluster.followers if h not in self.connections]
                 left = deadline - time.monotonic()
@@ -249,7 +250,9 @@ class Leader:
                 sock.close()
 
     def broadcast(self, message: dict) -> None:
-        for host in list(self.connections):
+        with self.lock:
+            hosts = list(self.connections)
+        for host in hosts:
             self.send(host, message)
 
     def finish(self, code: int, reason: str) -> None:
@@ -281,7 +284,8 @@ class LeaderOutput(Output):
     def rank_line(self, rank, stream, tagged, text) -> None:
         super().rank_line(rank, stream, tagged, text)
         hosts = self.leader.rank_hosts
-        if rank is not None and 0 <= rank < len(hosts) and hosts[rank] != self.leader.cluster.leader:
+        here = self.leader.cluster.leader
+        if rank is not None and 0 <= rank < len(hosts) and hosts[rank] != here:
             self.leader.send(hosts[rank], {"type": "line", "stream": stream,
                                            "data": _text(tagged if self.prefix else text)})
 

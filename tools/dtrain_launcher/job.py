@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from . import records
 from .errors import EXIT_NOT_STARTED, EXIT_RESTARTS_EXHAUSTED
@@ -87,7 +87,8 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 class Interrupts:
     """SIGINT/SIGTERM/SIGHUP to dtrainrun: passed on to the launcher (which runs in its own
-    process group, so it hears each signal once), and no restart afterwards."""
+    process group, so it hears each signal once), and no restart afterwards. A second one kills
+    the launcher's process group."""
 
     def __init__(self):
         self.signal: Optional[int] = None
@@ -103,10 +104,14 @@ class Interrupts:
             signal.signal(s, handler)
 
     def _handle(self, number, _frame):
+        again = self.signal is not None
         self.signal = number
         if self.process is not None and self.process.poll() is None:
             try:
-                self.process.send_signal(number)
+                if again:  # a second Ctrl-C: the job did not stop when asked
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                else:
+                    self.process.send_signal(number)
             except OSError:
                 pass
 
@@ -168,6 +173,9 @@ def run_attempt(argv: Sequence[str], env: Mapping[str, str], np: int, token: str
                   and now - stop_sent_at > TERMINATE_GRACE_S):
                 killed = True
                 _signal_group(process, signal.SIGKILL)
+        for stream, rest in pending.items():  # what processes left behind had not ended
+            for line in records.iter_lines(rest, final=True):
+                _take_line(line, stream, state, output)
         rc = process.wait()
     finally:
         selector.close()

@@ -55,7 +55,8 @@ def layout_text(layout: List[Host]) -> str:
     parts, first = [], 0
     for h in layout:
         last = first + h.slots - 1
-        parts.append(f"{h.name} ({'rank ' + str(first) if first == last else f'ranks {first}-{last}'})")
+        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        parts.append(f"{h.name} ({ranks})")
         first = last + 1
     return ", ".join(parts)
 
@@ -113,21 +114,34 @@ def check_build(o: options.Options, ctx: Context) -> int:
     return 0 if ok else 1
 
 
+def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: List[Host],
+            token: str, restart_count: int) -> Tuple[List[str], dict]:
+    """The launcher's command line and environment for one attempt."""
+    env = mpi.launch_environment(os.environ, o.env, restart_count)
+    argv = mpi.command(launcher, layout,
+                       [ctx.entry_script, "--rank-shim", token, "--"] + o.program,
+                       env, o.env, o.launcher_agent, os.geteuid() == 0)
+    return argv, env
+
+
 def _attempt_runner(o: options.Options, ctx: Context, launcher: mpi.Launcher,
                     layout: List[Host], output: job.Output, interrupts: job.Interrupts):
     np = total_slots(layout)
 
     def attempt(number: int) -> job.Attempt:
         token = records.new_token()
-        env = mpi.launch_environment(os.environ, o.env, number)
-        argv = mpi.command(launcher, layout,
-                           [ctx.entry_script, "--rank-shim", token, "--"] + o.program,
-                           env, o.env, o.launcher_agent, os.geteuid() == 0)
+        argv, env = _launch(o, ctx, launcher, layout, token, number)
         if o.verbose:
             output.note(f"dtrainrun: running {shlex.join(argv)}")
         return job.run_attempt(argv, env, np, token, output, o.start_timeout_s, interrupts,
                                os.path.basename(launcher.path))
     return attempt
+
+
+def _print_dry_run(o: options.Options, ctx: Context, launcher: mpi.Launcher,
+                   layout: List[Host]) -> int:
+    print(shlex.join(_launch(o, ctx, launcher, layout, "TOKEN", 0)[0]))
+    return 0
 
 
 def _prepare(o: options.Options, ctx: Context, program: str, layout: List[Host],
@@ -154,11 +168,7 @@ def run_cluster(o: options.Options, ctx: Context, program: str) -> int:
     plain = job.Output(o.prefix, o.verbose)
     launcher = _prepare(o, ctx, program, layout, plain)
     if o.dry_run:
-        env = mpi.launch_environment(os.environ, o.env, 0)
-        print(shlex.join(mpi.command(launcher, layout, [ctx.entry_script, "--rank-shim", "TOKEN",
-                                                        "--"] + o.program, env, o.env,
-                                     o.launcher_agent, os.geteuid() == 0)))
-        return 0
+        return _print_dry_run(o, ctx, launcher, layout)
     leader = cluster.Leader(hosts, o.cluster_port, o.program, rank_hosts(layout))
     output = cluster.LeaderOutput(o.prefix, o.verbose, leader)
     code, reason = 1, "the leader failed"
@@ -198,11 +208,7 @@ def run(argv: List[str], entry_script: str, package_root: str) -> int:
         output = job.Output(o.prefix, o.verbose)
         launcher = _prepare(o, ctx, program, layout, output)
         if o.dry_run:
-            env = mpi.launch_environment(os.environ, o.env, 0)
-            print(shlex.join(mpi.command(launcher, layout, [ctx.entry_script, "--rank-shim",
-                                                            "TOKEN", "--"] + o.program, env,
-                                         o.env, o.launcher_agent, os.geteuid() == 0)))
-            return 0
+            return _print_dry_run(o, ctx, launcher, layout)
         with job.Interrupts() as interrupts:
             return job.run_with_restarts(_attempt_runner(o, ctx, launcher, layout, output,
                                                          interrupts), o.restarts, output)
@@ -212,3 +218,6 @@ def run(argv: List[str], entry_script: str, package_root: str) -> int:
     except LaunchError as e:
         sys.stderr.write(f"{e}\n")
         return e.exit_code
+    except KeyboardInterrupt:  # before the job started, or while a follower waits
+        sys.stderr.write("dtrainrun: interrupted\n")
+        return 130

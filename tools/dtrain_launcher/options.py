@@ -55,7 +55,8 @@ Managed clusters (every host runs the same `dtrainrun --cluster -- program`):
                          others wait for it and exit with its status
   --slots N              ranks per host (default: SM_NUM_GPUS, else the host's cores)
   --cluster-port P       TCP port of the leader's status channel (default {DEFAULT_CLUSTER_PORT})
-  --cluster-timeout S    how long the hosts wait for each other (default {DEFAULT_CLUSTER_TIMEOUT_S:g})
+  --cluster-timeout S    how long the hosts wait for each other (default
+                         {DEFAULT_CLUSTER_TIMEOUT_S:g})
 
 MPI:
   --mpi mpich|openmpi    which MPI to launch with (default: the one the program links, else the
@@ -68,7 +69,8 @@ Other:
   --version              print dtrainrun's version
   -h, --help             this text
 
-docs/running.md in dtrain's sources has examples for one host, many hosts, SLURM and managed clusters.
+docs/running.md in dtrain's sources has examples for one host, many hosts, SLURM and managed
+clusters.
 """
 
 

@@ -3,6 +3,14 @@
 It starts the program, prefixes each line the program prints with `[rank]<stdout>:` or
 `[rank]<stderr>:`, and reports the program's start and end as records (Note [Rank records] in
 records.py). It passes signals on to the program and ends the way the program ended.
+
+Note [The wrapper keeps the PMI socket]
+Hydra gives each rank a PMI socket (PMI_FD); the program inherits it (close_fds=False: Open MPI
+and PMIx hand over descriptors too). The wrapper's own copy stays open until the wrapper has
+written the exit record: when a rank dies before MPI_Finalize, Hydra kills every process of the
+job (SIGKILL to each rank's process group, the wrapper's included) the moment that socket closes,
+and with the wrapper's copy closed early that came before the record, so dtrainrun never learnt
+the failing rank's code.
 """
 from __future__ import annotations
 
@@ -64,14 +72,18 @@ def _relay(source: int, fd: int, rank: str, stream: str) -> None:
         emit(final=len(pending) > _MAX_LINE_BYTES)
 
 
-def _die_with_parent() -> None:
-    """In the child: if this wrapper is killed outright, the program goes too (Linux)."""
+def _signal_on_parent_death(number: int) -> None:
+    """Linux: this process gets `number` when its parent dies (PR_SET_PDEATHSIG)."""
     try:
         import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, number)
     except (ImportError, OSError, AttributeError):
         pass
+
+
+def _die_with_parent() -> None:
+    """In the child: if this wrapper is killed outright, the program goes too."""
+    _signal_on_parent_death(signal.SIGKILL)
 
 
 def main(argv: List[str]) -> int:
@@ -79,6 +91,12 @@ def main(argv: List[str]) -> int:
         sys.stderr.write("dtrain: dtrainrun --rank-shim is started by dtrainrun itself\n")
         return 2
     token, program = argv[0], argv[2:]
+    # If the launcher's process on this host (Hydra's proxy, Open MPI's orted) is killed outright,
+    # the program is asked to stop (the SIGTERM is passed on below) instead of running orphaned.
+    launcher_process = os.getppid()
+    _signal_on_parent_death(signal.SIGTERM)
+    if os.getppid() != launcher_process:
+        return 128 + signal.SIGTERM
     rank = rank_from_env(os.environ)
     host = socket.gethostname()
     identity: Dict[str, object] = {"rank": int(rank) if rank.isdigit() else None, "host": host}

@@ -62,6 +62,7 @@ def split_records(line: bytes, token: str) -> Tuple[bytes, list]:
     """Removes this job's records from a line; returns what is left and the records. A record
     can share a line with a partial output line that the launcher delivered just before it."""
     found = []
+
     def keep(match) -> bytes:
         if match.group(1).decode() != token:
             return match.group(0)
