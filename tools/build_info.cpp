@@ -65,7 +65,7 @@ int main() {
   fmt::print("dtrain {}\n", info.dtrain_version);
   fmt::print("  MPI: {} ({})\n", info.mpi_flavor, one_line(info.mpi_library));
 #if defined(DTRAIN_BUILD_INFO_CUDA)
-  fmt::print("  CUDA: yes, built against CUDA runtime {}.{} (dtrain::cuda)\n",
+  fmt::print("  CUDA: yes, dtrain::cuda built against CUDA runtime {}.{}\n",
              CUDART_VERSION / 1000, (CUDART_VERSION % 1000) / 10);
   fmt::print("  NCCL: built against {}; {}\n",
              nccl_code_text(NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)), loadable_nccl());
