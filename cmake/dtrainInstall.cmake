@@ -79,6 +79,18 @@ install(FILES "${dtrain_BINARY_DIR}/package/dtrainConfig.cmake"
               "${dtrain_SOURCE_DIR}/cmake/dtrainDependencies.cmake"
         DESTINATION "${DTRAIN_INSTALL_CMAKEDIR}")
 
+# dtrainrun in bin/, its Python package and the description of this build in
+# share/dtrain/launcher/ (where bin/dtrainrun looks for them), dtrain-build-info beside it.
+if(TARGET dtrain_build_info)
+  install(PROGRAMS "${dtrain_SOURCE_DIR}/tools/dtrainrun" DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(TARGETS dtrain_build_info RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(DIRECTORY "${dtrain_SOURCE_DIR}/tools/dtrain_launcher"
+          DESTINATION "${CMAKE_INSTALL_DATADIR}/dtrain/launcher"
+          FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+  install(FILES "${dtrain_BINARY_DIR}/share/dtrain/launcher/build.json"
+          DESTINATION "${CMAKE_INSTALL_DATADIR}/dtrain/launcher")
+endif()
+
 foreach(_dtrain_doc IN ITEMS LICENSE LICENSE.txt LICENSE.md COPYING NOTICE README README.md)
   if(EXISTS "${dtrain_SOURCE_DIR}/${_dtrain_doc}")
     install(FILES "${dtrain_SOURCE_DIR}/${_dtrain_doc}" DESTINATION "${CMAKE_INSTALL_DOCDIR}")

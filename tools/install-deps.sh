@@ -14,6 +14,7 @@ Usage: tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
 
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
+              iproute2 (the launcher's two-host test across network namespaces)
   --torch     libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev
               (the libtorch integration, its tests and the Fashion-MNIST example)
   --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
@@ -25,7 +26,8 @@ alternatives, they are set back to what they were. Build against Open MPI with
 EOF
 }
 
-base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
+base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
+  iproute2)
 torch_packages=(libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
 

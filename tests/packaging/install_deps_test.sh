@@ -57,7 +57,7 @@ EOF
 chmod +x "$work/bin/"*
 export PATH="$work/bin:$PATH"
 
-base=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
+base=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3 iproute2)
 failures=0
 fail() {
   echo "FAIL: $*" >&2
@@ -82,7 +82,7 @@ run
 [[ $out == *"nothing to do"* ]] || fail "all installed: unexpected output: $out"
 
 # Two missing: one update, then exactly those two, non-interactive, without recommends.
-reset build-essential cmake pkg-config mpich libmpich-dev python3
+reset build-essential cmake pkg-config mpich libmpich-dev python3 iproute2
 run
 [[ $status == 0 ]] || fail "two missing: exit $status: $out"
 expected="DEBIAN_FRONTEND=noninteractive apt-get update
