@@ -15,7 +15,8 @@
 // Note [Profiler cost]
 // Off (no folder), a scope is a null-pointer test when it opens and when it closes, with no
 // clock read. On, a phase costs two steady_clock reads and a push/pop on a small vector; a step
-// adds one engine_stats() snapshot and one move into the writer's queue. Formatting and file I/O
+// adds two engine_stats() snapshots (its start and end: collectives run between steps, such as
+// metric averaging, are not charged to any step) and one move into the writer's queue. Formatting and file I/O
 // happen on the writer thread. benchmarks/profiler_overhead.cpp measures both (docs/profiling.md).
 //
 // Note [Profiler threading]
@@ -31,6 +32,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -72,8 +74,7 @@ struct ProfilerState {
   bool recording = false;
   std::int64_t recorded_steps = 0;
   std::int64_t phases_outside_steps = 0;
-  EngineStats last_engine{};
-  bool have_engine_baseline = false;
+  std::optional<EngineStats> engine_at_step_start;
 
   double seconds_since_origin(Clock::time_point t) const {
     return std::chrono::duration<double>(t - origin).count();
@@ -169,10 +170,6 @@ class Profiler {
     state_->writer->push(detail::MarkRecord{detail::MarkRecord::Kind::start, now_seconds(),
                                             steps_, 0});
     state_->sampler->start();
-    if (auto e = detail::ProfilerState::engine_snapshot()) {
-      state_->last_engine = *e;
-      state_->have_engine_baseline = true;
-    }
     state_->recording = true;
   }
 
@@ -376,11 +373,9 @@ class [[nodiscard]] Profiler::StepScope {
       r.other = times.other;
       r.phases = std::move(times.phases);
       r.samples = samples_;
-      if (auto e = detail::ProfilerState::engine_snapshot()) {
-        if (s->have_engine_baseline) r.engine = detail::engine_stats_delta(*e, s->last_engine);
-        s->last_engine = *e;
-        s->have_engine_baseline = true;
-      }
+      if (s->engine_at_step_start)
+        if (auto e = detail::ProfilerState::engine_snapshot())
+          r.engine = detail::engine_stats_delta(*e, *s->engine_at_step_start);
       s->writer->push(std::move(r));
       ++s->recorded_steps;
     } catch (...) {  // out of memory: lose this step, never throw from a destructor
@@ -392,6 +387,7 @@ class [[nodiscard]] Profiler::StepScope {
   StepScope(detail::ProfilerState* state, std::int64_t index, std::int64_t samples)
       : index_(index), samples_(samples) {
     if (state->times.in_step()) return;  // a step inside a step: the outer one counts
+    state->engine_at_step_start = detail::ProfilerState::engine_snapshot();
     state->times.begin_step(detail::ProfilerState::Clock::now());
     state_ = state;
   }

@@ -14,7 +14,7 @@
 //   start   recording (re)started before step `step`
 //   step    step, t (its start), duration_ms, samples (0: not given), phases_ms
 //           ({phase: exclusive ms}, Note [Exclusive phase time]), other_ms, engine ({counter:
-//           this step's increase}, Note [Engine counters in profiles])
+//           increase from the start to the end of this step}, Note [Engine counters in profiles])
 //   sample  t, and each metric that could be read: process_cpu_pct, system_cpu_pct (0..100 of
 //           the whole machine), rss_bytes, threads, procs_running, involuntary_switches_per_s,
 //           net_rx_bytes_per_s, net_tx_bytes_per_s, disk_read_bytes_per_s,
