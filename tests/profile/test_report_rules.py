@@ -214,6 +214,22 @@ class CpuOversubscribed(RuleTest):
         self.assertIn("2.5 runnable tasks per CPU", f.evidence[0])
         self.assertIn("rank 2 900/s", f.evidence[0])
 
+    def test_a_communication_finding_points_at_oversubscribed_cpus_first(self):
+        def system(rank, t):
+            s = synthetic.healthy_system(rank, t)
+            s.update(system_cpu_pct=100.0, procs_running=48)
+            return s
+
+        def phases(rank, step):
+            p = dict(synthetic.HEALTHY_PHASES)
+            p["communication_wait"] = 70.0
+            return p
+        findings = self.judge(system=system, phases=phases)
+        self.assertStatus(findings, {"communication_bound": FIRED, "cpu_oversubscribed": FIRED})
+        self.assertTrue(findings["communication_bound"].suggestion.startswith(
+            "First see 'CPU oversubscribed'"))
+        self.assertIn("other programs about", findings["cpu_oversubscribed"].evidence[0])
+
     def test_quiet_when_busy_without_waiting_tasks(self):
         def system(rank, t):
             s = synthetic.healthy_system(rank, t)

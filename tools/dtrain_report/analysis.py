@@ -38,6 +38,13 @@ def share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
 
 
+def human_bytes(x: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g} {unit}"
+    return f"{x:.0f} B"
+
+
 def step_range(indices) -> str:
     """'12-80' or '12, 15-17' for a sorted list of step indices."""
     indices = sorted(indices)

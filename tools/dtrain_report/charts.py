@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .analysis import COMPUTE_PHASES, Analysis, mean, median
+from .analysis import COMPUTE_PHASES, Analysis, human_bytes, mean, median
 from .svg import Svg, axis_y, fmt_num, nice_ticks, phase_color, ratio_color, series_color
 
 WIDTH = 920
@@ -174,7 +174,7 @@ def comm_compute(a: Analysis) -> str:
         e = a.ranks[r].engine_mean
         note = f"{values[0] / total:.0%} compute, {values[1] / total:.0%} waiting"
         if e.get("bytes_reduced"):
-            note += f"; {fmt_num(e['bytes_reduced'])}B reduced/step"
+            note += f", {human_bytes(e['bytes_reduced'])}/step"
         svg.text(left + plot_w + 8, y + row / 2 + 4, note, size=10, fill="#444")
     svg.height = int(bottom + 26)
     return svg.render()

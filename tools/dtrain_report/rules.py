@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .analysis import COMPUTE_PHASES, Analysis, RankSummary, mean, median, percentile, share, \
-    step_range
+from .analysis import COMPUTE_PHASES, Analysis, RankSummary, human_bytes, mean, median, \
+    percentile, share, step_range
 
 FIRED, QUIET, NOT_EVALUATED = "fired", "quiet", "not evaluated"
 
@@ -36,13 +36,6 @@ def _pct(x: float) -> str:
 
 def _ms(x: float) -> str:
     return f"{x:.3g} ms" if x < 100 else f"{x:.0f} ms"
-
-
-def _bytes(x: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if x >= scale:
-            return f"{x / scale:.3g} {unit}"
-    return f"{x:.0f} B"
 
 
 def _judged(a: Analysis) -> list[RankSummary]:
@@ -143,7 +136,7 @@ def data_loader_bound(a: Analysis) -> Finding:
                 f"are above {_pct(limit)}; longest: "
                 + ", ".join(f"step {st.index} ({_ms(st.phase('data'))})" for st in worst))
         if "disk_read_bytes_per_s" in s.cpu:
-            line += f"; disk reads a median {_bytes(s.cpu['disk_read_bytes_per_s'])}/s"
+            line += f"; disk reads a median {human_bytes(s.cpu['disk_read_bytes_per_s'])}/s"
         evidence.append(line)
     return Finding(
         rule, title, FIRED,
@@ -164,9 +157,9 @@ def _engine_evidence(s: RankSummary, comm_ms: float) -> str:
     if "collectives" in e:
         parts.append(f"{e['collectives']:.3g} collectives")
     if "bytes_reduced" in e:
-        parts.append(f"{_bytes(e['bytes_reduced'])} reduced")
+        parts.append(f"{human_bytes(e['bytes_reduced'])} reduced")
         if comm_ms > 0 and e["bytes_reduced"] > 0:
-            parts.append(f"{_bytes(e['bytes_reduced'] / (comm_ms / 1e3))}/s over the wait")
+            parts.append(f"{human_bytes(e['bytes_reduced'] / (comm_ms / 1e3))}/s over the wait")
     if "negotiation_ns" in e:
         parts.append(f"{_ms(e['negotiation_ns'] / 1e6)} negotiating")
     if "wait_for_slowest_ns" in e:
@@ -265,9 +258,10 @@ def straggler_rank(a: Analysis) -> Finding:
         worst = sorted(zip(excess[r], steps), reverse=True)[:3]
         evidence.append(
             f"rank {r} (host {s.host}) is the slowest in {_pct(len(slowest_in[r]) / len(steps))} "
-            f"of steps {step_range(steps)}: its own work takes a median {_ms(own)} per step, "
-            f"{median(ratios[r]):.2f}x the other ranks' {_ms(theirs)}; meanwhile they wait a "
-            f"median {_ms(waited)} per step for communication; widest gaps: "
+            f"of steps {step_range(steps)}: its own work takes a median {_ms(own)} per step "
+            f"against the other ranks' {_ms(theirs)} (step by step, a median "
+            f"{median(ratios[r]):.2f}x theirs); meanwhile they wait a median {_ms(waited)} per "
+            f"step for communication; widest gaps: "
             + ", ".join(f"step {i} (+{_ms(d)})" for d, i in worst))
         diffs = {p: s.mean_phase_ms.get(p, 0.0) - mean(a.ranks[o].mean_phase_ms.get(p, 0.0)
                                                       for o in others)
@@ -319,7 +313,7 @@ def batch_too_small(a: Analysis) -> Finding:
         total = s.profile.gpu.get("memory_total_bytes") or 0
         evidence.append(
             f"rank {s.rank}: GPU busy a median {median(s.gpu_utilization):.0f}% with "
-            f"{_pct(median(s.gpu_memory_fraction))} of its {_bytes(total)} memory in use"
+            f"{_pct(median(s.gpu_memory_fraction))} of its {human_bytes(total)} memory in use"
             + (f"; batch {batch:.0f} per rank" if batch and not math.isnan(batch) else "")
             + f"; data {_pct(s.median_share.get('data', 0.0))} of a step; machine CPU "
               f"{s.cpu.get('system_cpu_pct', math.nan):.0f}%")
@@ -354,10 +348,12 @@ def cpu_oversubscribed(a: Analysis) -> Finding:
             threads = [int(s.cpu["threads"]) for s in summaries if "threads" in s.cpu]
             switches = [f"rank {s.rank} {s.cpu['involuntary_switches_per_s']:.0f}/s"
                         for s in summaries if "involuntary_switches_per_s" in s.cpu]
+            others = busy - own / cores
             evidence.append(
                 f"host {host} ({cores} CPUs, {_ranks(ranks)}): CPUs a median {busy:.0f}% busy "
                 f"with {per_cpu:.1f} runnable tasks per CPU; the ranks use {own / 100:.2f} CPUs "
-                f"together ({own / cores:.0f}% of the machine)"
+                f"together ({own / cores:.0f}% of the machine"
+                + (f", other programs about {others:.0f}%)" if others >= 10 else ")")
                 + (f", with {sum(threads)} threads" if threads else "")
                 + (f"; preempted (involuntary context switches): " + ", ".join(switches)
                    if switches else ""))
@@ -386,4 +382,13 @@ RULES = (low_gpu_utilization, data_loader_bound, communication_bound, straggler_
 
 
 def evaluate(a: Analysis) -> list[Finding]:
-    return [rule(a) for rule in RULES]
+    findings = [rule(a) for rule in RULES]
+    by_rule = {f.rule: f for f in findings}
+    # A host short of CPU slows everything on it, the exchanges included: say so where the
+    # communication finding's reader will look first.
+    comm, cpu = by_rule["communication_bound"], by_rule["cpu_oversubscribed"]
+    if comm.status == FIRED and cpu.status == FIRED:
+        comm.suggestion = (f"First see 'CPU oversubscribed': {_ranks(cpu.ranks)} share "
+                           f"oversubscribed CPUs, which delays every exchange (a rank that is not "
+                           f"running cannot answer its peers). " + comm.suggestion)
+    return findings
