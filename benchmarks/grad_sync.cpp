@@ -168,6 +168,7 @@ int main(int argc, char** argv) {
   dtrain::shutdown();
 
   std::map<std::string, std::uint64_t> collectives_per_step;
+  std::map<std::string, std::vector<double>> profiled_ratio;  // profiled / adjacent unprofiled
   bench::Samples samples;
   for (int round = 0; round < rounds; ++round) {
     for (auto& m : models) {
@@ -188,18 +189,21 @@ int main(int argc, char** argv) {
         with_dtrain(fused, [&] {
           dtrain_grouped(m);  // warm the group's names too
           dtrain::Profiler profiler(profiled);  // recording only around its own samples
+          double plain_t = 0, profiled_t = 0;
           auto plain = [&] {
             const auto before = dtrain::engine_stats().collectives;
-            record("dtrain fused", timed_step(m, [&] { dtrain_async(m); }));
+            plain_t = timed_step(m, [&] { dtrain_async(m); });
+            record("dtrain fused", plain_t);
             collectives_per_step[m.name] = dtrain::engine_stats().collectives - before;
           };
           auto with_profiler = [&] {
             profiler.start();
-            record("dtrain fused, profiled", timed_step(m, [&] { dtrain_profiled(m, profiler); }));
+            profiled_t = timed_step(m, [&] { dtrain_profiled(m, profiler); });
+            record("dtrain fused, profiled", profiled_t);
             profiler.stop();
           };
           // Several adjacent pairs, in alternating order: the difference is small next to the
-          // noise of a shared machine.
+          // noise of a shared machine, so it is judged pair by pair.
           for (int pair = 0; pair < 3; ++pair) {
             if ((round + pair) % 2 == 0) {
               plain();
@@ -208,6 +212,7 @@ int main(int argc, char** argv) {
               with_profiler();
               plain();
             }
+            profiled_ratio[m.name].push_back(profiled_t / plain_t);
           }
           record("dtrain fused, grouped", timed_step(m, [&] { dtrain_grouped(m); }));
         });
@@ -274,6 +279,13 @@ int main(int argc, char** argv) {
                    bench::allreduce_busbw_gbps(static_cast<double>(m.total) * 4, v.median, mpi.size()),
                    v.median / b.median, v.min / b.min);
       }
+      auto ratios = profiled_ratio[m.name];
+      std::sort(ratios.begin(), ratios.end());
+      if (!ratios.empty())
+        fmt::print("\nprofiled / unprofiled, adjacent pairs: median {:.3f}, quartiles {:.3f} - "
+                   "{:.3f} ({} pairs)\n",
+                   bench::summarize(ratios).median, ratios[ratios.size() / 4],
+                   ratios[ratios.size() * 3 / 4], ratios.size());
     }
   }
   return any_wrong;

@@ -4,12 +4,14 @@
 //   step            one step scope around 5 phase scopes (the standard phases), with dtrain
 //                   initialized, so a recording step also takes its two engine_stats() snapshots
 //                   and queues its record for the writer thread
+//   system sample   one reading of /proc (the sampler thread's work each period), in CPU time
 // Each is timed over --iterations repetitions, per round, off and on interleaved; the table shows
 // the median and minimum over --rounds rounds of the per-repetition time, minus an empty loop of
 // the same shape. "On" writes to a temporary folder with the sampler at its shortest period
 // (100 ms), its busiest setting.
 //
 // Usage: mpiexec -n 1 bench_profiler_overhead [--rounds=7] [--iterations=200000]
+#include <time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -31,6 +33,12 @@ double per_iteration(long n, auto&& body) {
     clobber();
   }
   return bench::seconds_since(t0) / static_cast<double>(n);
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 }  // namespace
@@ -70,6 +78,12 @@ int main(int argc, char** argv) {
                     }
                   }) - empty);
     }
+    const int reads = 200;
+    const double cpu0 = thread_cpu_seconds();
+    long read_ok = 0;
+    for (int i = 0; i < reads; ++i) read_ok += dtrain::detail::read_proc_snapshot().process ? 1 : 0;
+    if (read_ok != reads) fmt::print(stderr, "/proc/self/stat could not be read\n");
+    samples.add("system sample (sampler thread, CPU time)", (thread_cpu_seconds() - cpu0) / reads);
   }
   const auto steps = on.steps();
   on = dtrain::Profiler{dtrain::ProfilerOptions{}};  // closes the file: the writer drains
@@ -82,7 +96,10 @@ int main(int argc, char** argv) {
   fmt::print("| what | median | min |\n|---|---|---|\n");
   for (const auto& name : samples.names()) {
     const auto s = samples.get(name);
-    fmt::print("| {} | {:.1f} ns | {:.1f} ns |\n", name, s.median * 1e9, s.min * 1e9);
+    if (s.median >= 1e-6)
+      fmt::print("| {} | {:.1f} us | {:.1f} us |\n", name, s.median * 1e6, s.min * 1e6);
+    else
+      fmt::print("| {} | {:.1f} ns | {:.1f} ns |\n", name, s.median * 1e9, s.min * 1e9);
   }
   fmt::print("\n{} steps recorded into {:.1f} MB: {:.0f} bytes per step\n", steps,
              static_cast<double>(bytes) / 1e6, static_cast<double>(bytes) / static_cast<double>(steps));

@@ -52,7 +52,9 @@ class Nvml {
     n.lib_ = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!n.lib_) {
       const char* err = dlerror();
-      n.reason_ = fmt::format("NVML not loaded ({}): {}", library, err ? err : "dlopen failed");
+      // dlerror() names the library; without a message, name it ourselves.
+      n.reason_ = err ? fmt::format("NVML not loaded: {}", err)
+                      : fmt::format("NVML not loaded: dlopen({}) failed", library);
       return n;
     }
     if (!n.bind()) return n;

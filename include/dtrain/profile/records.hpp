@@ -14,7 +14,8 @@
 //   start   recording (re)started before step `step`
 //   step    step, t (its start), duration_ms, samples (0: not given), phases_ms
 //           ({phase: exclusive ms}, Note [Exclusive phase time]), other_ms, engine ({counter:
-//           increase from the start to the end of this step}, Note [Engine counters in profiles])
+//           increase from the start to the end of this step}, Note [Engine counters in profiles];
+//           counters that did not move are left out, so {} is a step without collectives)
 //   sample  t, and each metric that could be read: process_cpu_pct, system_cpu_pct (0..100 of
 //           the whole machine), rss_bytes, threads, procs_running, involuntary_switches_per_s,
 //           net_rx_bytes_per_s, net_tx_bytes_per_s, disk_read_bytes_per_s,
@@ -135,8 +136,10 @@ inline std::string to_json_line(const StepRecord& s) {
   line.field("phases_ms", phases).field("other_ms", milliseconds(s.other));
   if (s.engine) {
     JsonLine engine;
-    for_each_engine_counter(
-        [&](std::string_view name, auto member) { engine.field(name, (*s.engine).*member); });
+    // Counters that did not move are left out: most of them, in most steps.
+    for_each_engine_counter([&](std::string_view name, auto member) {
+      if ((*s.engine).*member != 0) engine.field(name, (*s.engine).*member);
+    });
     line.field("engine", engine);
   }
   return line.closed() + "\n";
