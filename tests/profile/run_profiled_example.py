@@ -60,7 +60,7 @@ def main() -> int:
     gradient_bytes = (2 * HIDDEN + HIDDEN + 3 * HIDDEN + 3) * 4  # w1, b1, w2, b2 in float32
     for r in range(RANKS):
         records = [json.loads(line) for line in (profile / f"rank-{r}.jsonl").read_text()
-                   .splitlines()]
+                   .splitlines() if line.strip()]
         steps = [x for x in records if x["type"] == "step"]
         check(len(steps) == EPOCHS * steps_per_epoch,
               f"rank {r}: {len(steps)} steps recorded, expected {EPOCHS * steps_per_epoch}")

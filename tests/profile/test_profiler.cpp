@@ -52,7 +52,8 @@ std::vector<Json> read_records(const std::filesystem::path& file) {
   std::ifstream in(file);
   REQUIRE_MESSAGE(in, "missing " << file);
   std::vector<Json> out;
-  for (std::string line; std::getline(in, line);) out.push_back(JsonReader::parse(line));
+  for (std::string line; std::getline(in, line);)
+    if (line.find_first_not_of(' ') != std::string::npos) out.push_back(JsonReader::parse(line));
   return out;
 }
 
@@ -222,8 +223,19 @@ TEST_CASE("off, a profiler writes nothing and its scopes do nothing; the counter
   CHECK_THROWS_AS((void)profiler.phase("other"), dtrain::InvalidArgumentError);
 }
 
-TEST_CASE("without dtrain::init a profiler records one process: no engine counts") {
+TEST_CASE("without dtrain::init a profiler records one process, and refuses in a job of many") {
   const auto dir = fresh_dir("local") / ("world-rank-" + std::to_string(world_rank()));
+  if (world_size() > 1) {
+    dtrain::ProfilerOptions options;
+    options.dir = dir.string();
+    const std::string expected = "a Profiler was built before dtrain::init() in a job of " +
+                                 std::to_string(world_size()) + " processes";
+    CHECK_THROWS_WITH_AS(dtrain::Profiler{options}, doctest::Contains(expected.c_str()),
+                         dtrain::InvalidArgumentError);
+    CHECK(!std::filesystem::exists(dir / "rank-0.jsonl"));
+    remove_dir(dir.parent_path());
+    return;
+  }
   {
     dtrain::ProfilerOptions options;
     options.dir = dir.string();

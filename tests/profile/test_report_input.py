@@ -51,6 +51,17 @@ class Input(InTempDir):
         self.assertTrue(any("rank 1's profile has no end record" in s for s in run.skipped))
         self.assertEqual(len(run.ranks[0].steps), 40)
 
+    def test_padding_lines_are_skipped_silently(self):
+        folder = self.run_folder(ranks=1)
+        f = folder / "rank-0.jsonl"
+        lines = f.read_text().splitlines(keepends=True)
+        lines.insert(4, " " * 300 + "\n")
+        lines.insert(9, "\n")
+        f.write_text("".join(lines))
+        run = load_run([folder])
+        self.assertEqual(run.skipped, [])
+        self.assertEqual(len(run.ranks[0].steps), 40)
+
     def test_a_foreign_file_is_skipped_with_the_reason(self):
         folder = self.run_folder(ranks=2)
         (folder / "notes.jsonl").write_text('{"hello": "world"}\n')

@@ -163,6 +163,8 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
     bad_lines: list[int] = []
     unknown = 0
     for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue  # padding that keeps writes within a page (Note [Complete lines only])
         last = number == len(lines)
         try:
             record = json.loads(line)

@@ -28,8 +28,12 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <mpi.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -110,6 +114,23 @@ inline std::string prepare_profile_dir(const std::string& dir) {
         "{}; name a folder this process can write",
         dir, ec.message());
   return {};
+}
+
+// The number of processes this one was launched with when dtrain is not initialized: from MPI if
+// it is running, else from the launcher's environment (MPICH's PMI_SIZE, Open MPI's
+// OMPI_COMM_WORLD_SIZE); 1 when nothing says otherwise.
+inline int launched_world_size() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) {
+    int n = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    return n;
+  }
+  for (const char* var : {"PMI_SIZE", "OMPI_COMM_WORLD_SIZE"})
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  return 1;
 }
 
 inline long affinity_cpu_count() {
@@ -230,6 +251,13 @@ class Profiler {
     }
     auto state = std::make_unique<detail::ProfilerState>();
     const bool on = !options.dir.empty();
+    if (on && problem.empty() && !distributed)
+      if (const int n = detail::launched_world_size(); n > 1)
+        problem = fmt::format(
+            "dtrain: a Profiler was built before dtrain::init() in a job of {} processes: each "
+            "would write the same file. Build it after dtrain::init() (or a dtrain::Session), so "
+            "that every rank writes its own",
+            n);
     if (on && problem.empty()) problem = detail::prepare_profile_dir(options.dir);
     if (on && problem.empty()) {
       try {

@@ -3,11 +3,16 @@
 // only appends to a queue.
 //
 // Note [Complete lines only]
-// A profile must stay readable after a crash. The writer formats a batch of records into one
-// buffer of whole lines and hands it to write(2) directly (no stdio buffer that could flush half
-// a line when the process dies). If a write fails part-way (disk full), the file is truncated
-// back to the end of the last whole batch and writing stops with one warning: the file then ends
-// on a line boundary, and the reader reports the profile as cut short.
+// A profile must stay readable after a crash. No stdio buffer, which could flush half a line when
+// the process dies: the writer thread formats whole lines and hands them to write(2) itself. That
+// alone is not enough: when a process is killed during a write(2) that spans several pages of
+// the file, Linux stops between pages (it checks for a fatal signal before copying each one), and
+// the file ends mid-line. So no write crosses a page boundary of the file: lines are written in
+// runs that end where a page ends, and a line that would straddle the boundary goes to the next
+// page, the rest of the current one filled with spaces and a newline (a blank line, which readers
+// skip). Only a single line longer than a page could still be cut; the reader drops such a cut
+// last line and says so. If a write fails (disk full), the file is truncated back to the end of
+// the last whole run and writing stops with one warning.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -83,6 +88,7 @@ class RecordWriter {
   }
 
   static constexpr std::size_t batch_records = 256;
+  static constexpr std::size_t page_bytes = 4096;  // the page cache's unit on every Linux target
   static constexpr std::chrono::milliseconds flush_period{250};
 
  private:
@@ -100,9 +106,7 @@ class RecordWriter {
       in_flight_ = batch.size();
       const bool last = closing_;
       lock.unlock();
-      std::string text;
-      for (const ProfileRecord& r : batch) text += to_json_line(r);
-      const bool ok = write_whole(text);
+      const bool ok = write_lines(batch);
       lock.lock();
       if (!ok) failed_ = true;
       written_records_ += in_flight_;
@@ -110,6 +114,32 @@ class RecordWriter {
       done_cv_.notify_all();
       if (last && queue_.empty()) return;
     }
+  }
+
+  // Writer thread only: the records as lines, no write crossing a page boundary of the file
+  // (Note [Complete lines only]). Returns false once writing has failed.
+  bool write_lines(const std::deque<ProfileRecord>& records) {
+    std::string run;  // whole lines that end on or before the end of the current page
+    auto flush = [&] {
+      const bool ok = run.empty() || write_whole(run);
+      run.clear();
+      return ok;
+    };
+    for (const ProfileRecord& r : records) {
+      const std::string line = to_json_line(r);
+      const std::size_t room = page_bytes - (committed_ + run.size()) % page_bytes;
+      if (line.size() > room) {
+        if (!flush()) return false;
+        if (line.size() > page_bytes) {  // cannot fit any page: written on its own
+          if (!write_whole(line)) return false;
+          continue;
+        }
+        if (!write_whole(std::string(room - 1, ' ') + '\n')) return false;
+      }
+      run += line;
+      if ((committed_ + run.size()) % page_bytes == 0 && !flush()) return false;
+    }
+    return flush();
   }
 
   // Writer thread only. Returns false once writing has failed.
@@ -147,7 +177,7 @@ class RecordWriter {
   bool flush_requested_ = false;
   bool failed_ = false;          // writing failed (guarded by mutex_)
   bool gave_up_ = false;         // the same, for the writer thread's own use
-  std::uint64_t committed_ = 0;  // bytes of whole batches in the file (writer thread)
+  std::uint64_t committed_ = 0;  // bytes of whole runs of lines in the file (writer thread)
 };
 
 }  // namespace dtrain::detail

@@ -24,7 +24,8 @@
 //   stop    recording stopped after `steps` recorded steps; phases_outside_steps counts phase
 //           scopes that ran outside any step and were therefore not charged
 //   end     the profiler closed the file cleanly (a file without it was cut short)
-// Readers ignore fields they do not know, so fields can be added without a new version.
+// Readers ignore fields they do not know, so fields can be added without a new version, and skip
+// lines of spaces (padding: Note [Complete lines only]).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
