@@ -299,18 +299,18 @@ TEST_CASE("the sampling interval must be 100 ms to 60 s, with errors that name t
   dtrain::ProfilerOptions o;
   o.dir = "somewhere";
   o.sample_interval = std::chrono::milliseconds(99);
-  CHECK_THROWS_WITH_AS(dtrain::validate(o),
+  CHECK_THROWS_WITH_AS(o.validate(),
                        doctest::Contains("ProfilerOptions::sample_interval (milliseconds) = 99 "
                                          "is out of range"),
                        dtrain::InvalidArgumentError);
   o.sample_interval = std::chrono::milliseconds(60001);
-  CHECK_THROWS_AS(dtrain::validate(o), dtrain::InvalidArgumentError);
+  CHECK_THROWS_AS(o.validate(), dtrain::InvalidArgumentError);
   o.sample_interval = std::chrono::milliseconds(100);
-  CHECK_NOTHROW(dtrain::validate(o));
+  CHECK_NOTHROW(o.validate());
   o.sample_interval = std::chrono::milliseconds(60000);
-  CHECK_NOTHROW(dtrain::validate(o));
+  CHECK_NOTHROW(o.validate());
   o.gpu_index = -2;
-  CHECK_THROWS_WITH_AS(dtrain::validate(o), doctest::Contains("gpu_index = -2"),
+  CHECK_THROWS_WITH_AS(o.validate(), doctest::Contains("gpu_index = -2"),
                        dtrain::InvalidArgumentError);
 
   dtrain::Config c;

@@ -355,7 +355,7 @@ def cpu_oversubscribed(a: Analysis) -> Finding:
                 f"together ({own / cores:.0f}% of the machine"
                 + (f", other programs about {others:.0f}%)" if others >= 10 else ")")
                 + (f", with {sum(threads)} threads" if threads else "")
-                + (f"; preempted (involuntary context switches): " + ", ".join(switches)
+                + ("; preempted (involuntary context switches): " + ", ".join(switches)
                    if switches else ""))
         else:
             quiet_notes.append(f"host {host}: {busy:.0f}% busy, {per_cpu:.1f} runnable per CPU")

@@ -26,6 +26,9 @@ struct ProfilerOptions {
   int gpu_index = -1;
   // Where NVML is loaded from at run time. A missing library only leaves GPU metrics out.
   std::string nvml_library = "libnvidia-ml.so.1";
+
+  // Throws InvalidArgumentError naming the field, its value and what is accepted.
+  void validate() const;
 };
 
 inline constexpr std::chrono::milliseconds min_profile_interval{100};
@@ -44,14 +47,14 @@ inline void check_profile_interval(double ms, std::string_view subject) {
 }
 }  // namespace detail
 
-inline void validate(const ProfilerOptions& o) {
-  detail::check_profile_interval(static_cast<double>(o.sample_interval.count()),
+inline void ProfilerOptions::validate() const {
+  detail::check_profile_interval(static_cast<double>(sample_interval.count()),
                                  "ProfilerOptions::sample_interval (milliseconds)");
-  if (o.gpu_index < -1)
+  if (gpu_index < -1)
     throw InvalidArgumentError(fmt::format(
         "dtrain: ProfilerOptions::gpu_index = {}: expected an NVML device index, or -1 to use "
         "local_rank modulo the device count",
-        o.gpu_index));
+        gpu_index));
 }
 
 // DTRAIN_PROFILE / DTRAIN_PROFILE_INTERVAL_MS as read into a Config. The interval is checked

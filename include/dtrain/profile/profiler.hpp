@@ -244,7 +244,7 @@ class Profiler {
     const int size = distributed ? dtrain::size() : 1;
     if (problem.empty()) {
       try {
-        validate(options);
+        options.validate();
       } catch (const InvalidArgumentError& e) {
         problem = e.what();
       }
