@@ -5,6 +5,10 @@
 //   mpiexec -n 4 ./plain_train --epochs 30
 //   mpiexec -n 4 ./plain_train --epochs 30 --checkpoint-dir ckpt --resume   (restartable)
 //
+// With DTRAIN_PROFILE=<folder> each rank also records where its steps spend their time (the
+// phases marked in the training loop), and `dtrain-report <folder> -o report.html` explains it
+// (docs/profiling.md).
+//
 // Every rank builds the same dataset and trains on its own shard of each epoch; gradients are
 // averaged across ranks before every step, so the ranks stay identical and N ranks with batch b
 // train like one process with batch N·b. With --checkpoint-dir, a job that is killed and started
@@ -186,27 +190,45 @@ struct BatchResult {
   int correct = 0;
 };
 
-// Forward and backward over one batch: writes d(mean loss)/d(weights) into `grads`
-// (w1, b1, w2, b2 order). `noise` (empty, or kFeatures values per sample) is added to the inputs.
-BatchResult forward_backward(const Mlp& m, const Dataset& data,
-                             std::span<const std::int64_t> batch,
-                             std::span<const float> noise,
-                             std::vector<std::vector<float>>& grads) {
-  for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
-  auto &gw1 = grads[0], &gb1 = grads[1], &gw2 = grads[2], &gb2 = grads[3];
-  const float scale = 1.0f / static_cast<float>(batch.size());
-  std::vector<float> h(m.hidden), dh(m.hidden);
-  BatchResult result;
-  for (std::size_t s = 0; s < batch.size(); ++s) {
-    const std::int64_t i = batch[s];
-    float x[kFeatures];
+// One batch gathered from the dataset, and the activations forward keeps for backward.
+struct Batch {
+  std::vector<float> x;    // [size, kFeatures]
+  std::vector<int> label;  // [size]
+  std::size_t size() const { return label.size(); }
+};
+
+struct Activations {
+  std::vector<float> h;  // [batch, hidden], after ReLU
+  std::vector<float> p;  // [batch, kClasses], softmax probabilities
+};
+
+
+// The batch's inputs, plus `noise` (empty, or kFeatures values per sample) when augmenting.
+void gather_batch(const Dataset& data, std::span<const std::int64_t> indices,
+                  std::span<const float> noise, Batch& batch) {
+  batch.x.resize(indices.size() * kFeatures);
+  batch.label.resize(indices.size());
+  for (std::size_t b = 0; b < indices.size(); ++b) {
+    const std::int64_t i = indices[b];
     for (int j = 0; j < kFeatures; ++j)
-      x[j] = noise.empty() ? data.x[i * kFeatures + j]
-                           : data.x[i * kFeatures + j] + noise[s * kFeatures + j];
+      batch.x[b * kFeatures + j] =
+          noise.empty() ? data.x[i * kFeatures + j] : data.x[i * kFeatures + j] + noise[b * kFeatures + j];
+    batch.label[b] = data.label[i];
+  }
+}
+
+BatchResult forward(const Mlp& m, const Batch& batch, Activations& a) {
+  const std::size_t n = batch.size();
+  a.h.resize(n * m.hidden);
+  a.p.resize(n * kClasses);
+  BatchResult result;
+  for (std::size_t b = 0; b < n; ++b) {
+    const float* x = &batch.x[b * kFeatures];
+    float* h = &a.h[b * m.hidden];
     for (int u = 0; u < m.hidden; ++u) {
-      float a = m.b1[u];
-      for (int j = 0; j < kFeatures; ++j) a += m.w1[u * kFeatures + j] * x[j];
-      h[u] = std::max(a, 0.0f);
+      float z = m.b1[u];
+      for (int j = 0; j < kFeatures; ++j) z += m.w1[u * kFeatures + j] * x[j];
+      h[u] = std::max(z, 0.0f);
     }
     float logits[kClasses];
     for (int c = 0; c < kClasses; ++c) {
@@ -216,16 +238,33 @@ BatchResult forward_backward(const Mlp& m, const Dataset& data,
     }
     // Softmax cross-entropy, shifted by the max logit for stability.
     const float top = *std::max_element(logits, logits + kClasses);
-    float sum = 0, p[kClasses];
+    float sum = 0;
+    float* p = &a.p[b * kClasses];
     for (int c = 0; c < kClasses; ++c) sum += p[c] = std::exp(logits[c] - top);
-    for (float& v : p) v /= sum;
-    const int y = data.label[i];
+    for (int c = 0; c < kClasses; ++c) p[c] /= sum;
+    const int y = batch.label[b];
     result.loss += -std::log(std::max(p[y], 1e-12f));
     if (std::max_element(p, p + kClasses) - p == y) ++result.correct;
+  }
+  result.loss /= static_cast<double>(n);
+  return result;
+}
 
+// d(mean loss)/d(weights) into `grads` (w1, b1, w2, b2 order), from forward's activations.
+void backward(const Mlp& m, const Batch& batch, const Activations& a,
+              std::vector<std::vector<float>>& grads) {
+  for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+  auto &gw1 = grads[0], &gb1 = grads[1], &gw2 = grads[2], &gb2 = grads[3];
+  const std::size_t n = batch.size();
+  const float scale = 1.0f / static_cast<float>(n);
+  std::vector<float> dh(m.hidden);
+  for (std::size_t b = 0; b < n; ++b) {
+    const float* x = &batch.x[b * kFeatures];
+    const float* h = &a.h[b * m.hidden];
+    const float* p = &a.p[b * kClasses];
     std::fill(dh.begin(), dh.end(), 0.0f);
     for (int c = 0; c < kClasses; ++c) {
-      const float dz = (p[c] - (c == y ? 1.0f : 0.0f)) * scale;
+      const float dz = (p[c] - (c == batch.label[b] ? 1.0f : 0.0f)) * scale;
       gb2[c] += dz;
       for (int u = 0; u < m.hidden; ++u) {
         gw2[c * m.hidden + u] += dz * h[u];
@@ -238,8 +277,6 @@ BatchResult forward_backward(const Mlp& m, const Dataset& data,
       for (int j = 0; j < kFeatures; ++j) gw1[u * kFeatures + j] += dh[u] * x[j];
     }
   }
-  result.loss /= static_cast<double>(batch.size());
-  return result;
 }
 
 // ---- optimizer: SGD with momentum --------------------------------------------------------------
@@ -379,6 +416,9 @@ int train(const Options& o) {
                schedule.peak_lr());
   dtrain::MetricAverager metrics;
   dtrain::ThroughputMeter throughput;
+  dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
+  Batch batch;
+  Activations activations;
   for (std::int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     sampler.set_epoch(epoch);  // dtrain: a new shuffle each epoch, the same on every rank
     const auto indices = sampler.indices();  // after a resume: the rest of the epoch
@@ -386,14 +426,35 @@ int train(const Options& o) {
     const auto batches = static_cast<std::int64_t>(indices.size()) / o.batch_size;
     throughput.start_epoch();
     for (std::int64_t b = 0; b < batches; ++b) {
-      const std::span<const std::int64_t> batch(indices.data() + b * o.batch_size,
-                                                static_cast<std::size_t>(o.batch_size));
-      noise.clear();
-      for (std::size_t k = 0; o.jitter > 0 && k < batch.size() * kFeatures; ++k)
-        noise.push_back(static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
-      sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
-      const BatchResult r = forward_backward(model, data, batch, noise, sgd.gradient_buffers());
-      optimizer.step();
+      auto profiled_step = profiler.step(o.batch_size);  // dtrain: one step, phase by phase
+      {
+        auto phase = profiler.phase(dtrain::Phase::data);
+        const std::span<const std::int64_t> picked(indices.data() + b * o.batch_size,
+                                                   static_cast<std::size_t>(o.batch_size));
+        noise.clear();
+        for (std::size_t k = 0; o.jitter > 0 && k < picked.size() * kFeatures; ++k)
+          noise.push_back(static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
+        gather_batch(data, picked, noise, batch);
+      }
+      BatchResult r;
+      {
+        auto phase = profiler.phase(dtrain::Phase::forward);
+        r = forward(model, batch, activations);
+      }
+      {
+        auto phase = profiler.phase(dtrain::Phase::backward);
+        backward(model, batch, activations, sgd.gradient_buffers());
+      }
+      {
+        auto phase = profiler.phase(dtrain::Phase::communication_wait);
+        optimizer.synchronize();  // dtrain: average the gradients across ranks
+      }
+      {
+        auto phase = profiler.phase(dtrain::Phase::optimizer);
+        auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
+        sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
+        optimizer.step();
+      }
       metrics.add("loss", r.loss, static_cast<double>(batch.size()));
       metrics.add("accuracy", static_cast<double>(r.correct) / batch.size(),
                   static_cast<double>(batch.size()));

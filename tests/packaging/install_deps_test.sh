@@ -104,6 +104,12 @@ run --torch
 run
 [[ $(grep -c install "$FAKE_LOG") == 1 ]] || fail "without --torch nothing more is needed"
 
+# --browser adds Chromium, for the report's browser test.
+reset "${base[@]}"
+run --browser
+[[ $status == 0 && $(tail -n 1 "$FAKE_LOG") == *"--no-install-recommends chromium" ]] ||
+  fail "--browser: apt calls were: $(cat "$FAKE_LOG")"
+
 # --openmpi installs Open MPI on its own and puts the moved alternatives back; others untouched.
 reset "${base[@]}"
 run --openmpi
