@@ -39,6 +39,7 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/agreement.hpp"
+#include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/coordinator.hpp"
 #include "dtrain/runtime/host_backend.hpp"
 #include "dtrain/runtime/liveness.hpp"
@@ -66,24 +67,6 @@ namespace detail {
 
 inline constexpr int kRequestTag = 1;
 inline constexpr int kResponseTag = 2;
-
-// What the engine hands a device backend: the data communicator (shared with the host backend;
-// both run on the engine thread), the host hierarchy (engine-owned duplicates of the topology's
-// communicators; invalid when the engine has no topology), counters, and the timeline (rank 0).
-struct BackendContext {
-  const Config* config = nullptr;
-  MPI_Comm data_comm = MPI_COMM_NULL;
-  HierarchyComms hierarchy;
-  BackendStats* stats = nullptr;
-  Timeline* timeline = nullptr;
-};
-
-// A device backend (CUDA/NCCL or staging) registers a factory here when its header is included.
-using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const BackendContext&);
-inline DeviceBackendFactory& device_backend_factory() noexcept {
-  static DeviceBackendFactory f = nullptr;
-  return f;
-}
 
 class Engine {
  public:

@@ -11,29 +11,13 @@
 #include <fmt/format.h>
 
 #include "dtrain/comm/hierarchical.hpp"
+#include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/host_collectives.hpp"
-#include "dtrain/runtime/entry.hpp"
-#include "dtrain/runtime/fusion_buffer.hpp"
+#include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/fusion_pipeline.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
 namespace dtrain::detail {
-
-struct BackendStats {
-  std::atomic<std::uint64_t> collectives{0};      // data collectives executed (fused count as one)
-  std::atomic<std::uint64_t> fused_collectives{0};
-  std::atomic<std::uint64_t> bytes_reduced{0};
-  std::atomic<std::uint64_t> buffer_allocations{0};
-  std::atomic<std::uint64_t> hierarchical_collectives{0};  // allreduces run host by host
-};
-
-// Average becomes Sum with the division folded into the postscale.
-inline double effective_postscale(const Response& r) {
-  return r.reduce_op == ReduceOp::Average ? r.postscale / std::max(1, r.active_ranks) : r.postscale;
-}
-inline ReduceOp effective_op(const Response& r) {
-  return r.reduce_op == ReduceOp::Average ? ReduceOp::Sum : r.reduce_op;
-}
 
 class HostBackend final : public Backend {
  public:
