@@ -80,7 +80,9 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override { chosen_transport().store(static_cast<int>(cuda::Transport::automatic)); }
 
-  void execute(const Response& r, std::span<Entry* const> entries) override {
+  // `arrival` is not used: the device timeline spans start when the transport starts.
+  void execute(const Response& r, std::span<Entry* const> entries,
+               std::chrono::steady_clock::time_point) override {
     const int device = pick_device(entries);
     if (!transport_) choose(device);
     transport_->execute(r, entries, device);

@@ -92,8 +92,8 @@ class StagingBackend final : public DeviceTransport {
       h.state = e->state;
       host_ptrs[i] = &h;
     }
-    host_.set_response_arrival(std::chrono::steady_clock::now());
-    host_.execute(r, host_ptrs);
+    // The staged copies are what the host collective waited for.
+    host_.execute(r, host_ptrs, std::chrono::steady_clock::now());
 
     // Pinned host -> device.
     for (std::size_t i = 0; i < entries.size(); ++i) {

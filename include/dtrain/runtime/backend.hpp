@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -19,10 +20,12 @@ namespace dtrain::detail {
 
 // Executes responses for one kind of memory. entries[i] is this rank's entry for
 // response.names[i], or nullptr when this rank joined and contributes nothing of its own.
+// `arrival`: when the response reached this rank (the end of the ops' queueing on the timeline).
 class Backend {
  public:
   virtual ~Backend() = default;
-  virtual void execute(const Response& response, std::span<Entry* const> entries) = 0;
+  virtual void execute(const Response& response, std::span<Entry* const> entries,
+                       std::chrono::steady_clock::time_point arrival) = 0;
 };
 
 struct BackendStats {

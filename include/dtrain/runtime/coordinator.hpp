@@ -75,8 +75,11 @@ struct CoordinatorStats {
 
 // Hooks for observers (timeline, logging); all optional.
 struct CoordinatorHooks {
-  std::function<void(const std::string& name, OpKind kind, int rank, Clock::time_point when)> rank_ready;
-  std::function<void(const std::string& name, Clock::time_point when)> negotiated;
+  std::function<void(const std::string& name, int rank, Clock::time_point when)> rank_ready;
+  // `started`: when the first rank submitted it.
+  std::function<void(const std::string& name, OpKind kind, Clock::time_point started,
+                     Clock::time_point when)>
+      negotiated;
   std::function<void(const std::string& report)> stall_warning;
 };
 
@@ -256,7 +259,7 @@ class Coordinator {
       p.per_rank.resize(opt_.size);
       p.first_seen = now;
     }
-    if (hooks_.rank_ready) hooks_.rank_ready(q.name, q.kind, r, now);
+    if (hooks_.rank_ready) hooks_.rank_ready(q.name, r, now);
     if (!p.per_rank[r]) ++p.submitted;
     p.per_rank[r] = std::move(q);
     if (is_ready(p)) make_ready(it->first, now);
@@ -437,7 +440,7 @@ class Coordinator {
   void make_ready(const std::string& name, Clock::time_point now) {
     auto node = table_.extract(name);
     Pending& p = node.mapped();
-    if (hooks_.negotiated) hooks_.negotiated(name, now);
+    if (hooks_.negotiated) hooks_.negotiated(name, p.kind, p.first_seen, now);
     Ready ready = validate(name, p);
     const std::string group = ready.request.group;
     if (!group.empty()) {

@@ -64,18 +64,13 @@ class Engine {
       o.stall_shutdown_time_seconds = config.stall_shutdown_time_seconds;
       o.op_timeout_seconds = config.op_timeout_seconds;
       CoordinatorHooks hooks;
-      hooks.rank_ready = [this](const std::string& name, OpKind kind, int r, Clock::time_point t) {
-        if (!timeline_.active()) return;
-        negotiation_start_.try_emplace(name, t, kind);
-        timeline_.rank_ready(name, r, t);
+      hooks.rank_ready = [this](const std::string& name, int r, Clock::time_point t) {
+        if (timeline_.active()) timeline_.rank_ready(name, r, t);
       };
-      hooks.negotiated = [this](const std::string& name, Clock::time_point t) {
-        auto it = negotiation_start_.find(name);
-        if (it == negotiation_start_.end()) return;
+      hooks.negotiated = [this](const std::string& name, OpKind kind, Clock::time_point started,
+                                Clock::time_point t) {
         if (timeline_.active())
-          timeline_.span(name, fmt::format("NEGOTIATE_{}", upper(to_string(it->second.second))),
-                         it->second.first, t);
-        negotiation_start_.erase(it);
+          timeline_.span(name, fmt::format("NEGOTIATE_{}", upper(to_string(kind))), started, t);
       };
       hooks.stall_warning = [this](const std::string& report) {
         log(LogLevel::warning, "{}", report);
@@ -552,7 +547,7 @@ class Engine {
       if (r.error != ErrorKind::none) {
         j->state->complete(make_error(r.error, r.error_message));
       } else {
-        j->state->int_result = r.last_joined_rank;
+        j->set_last_joined(r.last_joined_rank);
         j->state->complete();
       }
       return;
@@ -571,8 +566,7 @@ class Engine {
     if (r.device.is_cuda()) backend = device_backend();
     watchdog_->executing(r.names.empty() ? std::string() : r.names.front(), to_string(r.kind), &owned);
     try {
-      host_->set_response_arrival(arrival);
-      backend->execute(r, entries_);
+      backend->execute(r, entries_, arrival);
     } catch (const TimeoutError& ex) {
       // The device path aborted its communicator at the deadline: this rank's engine cannot go on.
       const std::string what = fmt::format("dtrain: {} '{}' on rank {} timed out: {}",
@@ -664,7 +658,6 @@ class Engine {
   std::optional<Coordinator> coordinator_;
   mutable std::mutex coordinator_stats_mutex_;
   CoordinatorStats coordinator_stats_;
-  std::unordered_map<std::string, std::pair<Clock::time_point, OpKind>> negotiation_start_;
   Timeline timeline_;
 
   std::optional<ControlChannel> channel_;

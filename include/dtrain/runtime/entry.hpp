@@ -19,6 +19,7 @@ struct Entry {
   // Ops with a new output: allocate it (engine thread) and return its memory.
   std::function<void*(const Shape&)> make_output;
   std::function<void(std::vector<std::int64_t>)> set_received_splits;  // alltoall
+  std::function<void(int)> set_last_joined;  // join: the last rank to join
   void* stream = nullptr;            // device ops: producer stream
   std::shared_ptr<OpState> state;
 };
