@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "dtrain/runtime/engine.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
 
 namespace dtrain::detail {
 
