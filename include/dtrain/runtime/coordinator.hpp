@@ -71,6 +71,9 @@ struct CoordinatorStats {
   std::uint64_t cache_hits = 0;        // requests that arrived as cache ids
   std::uint64_t requests = 0;          // requests received, in either form
   std::uint64_t stall_warnings = 0;
+  // Per op, from the first rank's submission reaching the coordinator to the last one's: how long
+  // the fastest rank waited for the slowest, summed over ops.
+  std::uint64_t wait_for_slowest_ns = 0;
 };
 
 // Hooks for observers (timeline, logging); all optional.
@@ -113,9 +116,24 @@ class Coordinator {
     cache_.retire(applied_);
   }
 
+  // The autotuner's batching knobs, in effect from the next poll(): how much to fuse, how long to
+  // wait for a batch, how many responses to cache (0: none; evictions go out in the next message).
+  void retune(std::int64_t fusion_threshold_bytes, double cycle_time_ms, std::int64_t cache_capacity) {
+    opt_.fusion_threshold_bytes = fusion_threshold_bytes;
+    opt_.cycle_time_ms = cycle_time_ms;
+    if (cache_capacity != opt_.cache_capacity) {
+      opt_.cache_capacity = cache_capacity;
+      pending_cache_capacity_ = cache_capacity;
+    }
+  }
+
   // The next message to send to every rank, if one is due at `now`.
   std::optional<ResponseMessage> poll(Clock::time_point now) {
     ResponseMessage msg;
+    if (pending_cache_capacity_) {
+      cache_.set_capacity(*pending_cache_capacity_, msg, next_seq_);
+      pending_cache_capacity_.reset();
+    }
     check_stalls(now, msg);
     if (!msg.fatal.empty()) return finish(std::move(msg));
     fail_ops_waiting_for_shut_down_ranks(now);
@@ -126,7 +144,8 @@ class Coordinator {
       msg.shutdown_complete = true;
       shutdown_announced_ = true;
     }
-    if (msg.responses.empty() && !msg.shutdown_complete) return std::nullopt;
+    if (msg.responses.empty() && !msg.shutdown_complete && msg.cache_evictions.empty())
+      return std::nullopt;
     return finish(std::move(msg));
   }
 
@@ -441,6 +460,8 @@ class Coordinator {
     auto node = table_.extract(name);
     Pending& p = node.mapped();
     if (hooks_.negotiated) hooks_.negotiated(name, p.kind, p.first_seen, now);
+    stats_.wait_for_slowest_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - p.first_seen).count());
     Ready ready = validate(name, p);
     const std::string group = ready.request.group;
     if (!group.empty()) {
@@ -762,6 +783,7 @@ class Coordinator {
   std::vector<std::uint64_t> applied_;
   std::vector<Clock::time_point> last_heard_;
   ResponseCache cache_;
+  std::optional<std::int64_t> pending_cache_capacity_;
   StallInspector stall_;
   std::uint64_t next_seq_ = 1;
   CoordinatorStats stats_;

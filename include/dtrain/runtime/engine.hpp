@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,6 +25,7 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/agreement.hpp"
+#include "dtrain/runtime/autotuning.hpp"
 #include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/control_channel.hpp"
 #include "dtrain/runtime/coordinator.hpp"
@@ -110,6 +112,11 @@ class Engine {
     ho.hierarchy = hierarchy_;
     ho.direct_segments = agreed.direct_segments;
     host_ = std::make_unique<HostBackend>(ho);
+    if (rank_ == 0 && config.autotune) {
+      std::vector<int> ranks_per_host =
+          topology && !topology->local_sizes.empty() ? topology->local_sizes : std::vector<int>{size_};
+      autotuner_.emplace(config, std::move(ranks_per_host));
+    }
     if (size_ > 1) {
       std::vector<std::string> hosts;
       for (int r = 0; r < size_; ++r)
@@ -228,7 +235,9 @@ class Engine {
                 q.name, rank_));
         }
         if (!rejection) {
+          const auto now = Clock::now();
           for (auto& e : entries) {
+            e->submitted = now;
             if (e->request.kind == OpKind::join) join_entry_ = e;
             else in_flight_.emplace(e->request.name, e);
             incoming_.push_back(std::move(e));
@@ -301,11 +310,21 @@ class Engine {
     s.hierarchical_collectives = backend_stats_.hierarchical_collectives.load();
     s.cache_ids_sent = cache_ids_sent_.load();
     s.requests_sent = requests_sent_.load();
+    s.allreduce_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::allreduce)].load();
+    s.allgather_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::allgather)].load();
+    s.broadcast_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::broadcast)].load();
+    s.alltoall_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::alltoall)].load();
+    s.reducescatter_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::reducescatter)].load();
+    s.fused_bytes = op_stats_.fused_bytes.load();
+    s.fused_tensors_executed = op_stats_.fused_tensors.load();
+    s.negotiation_ns = op_stats_.negotiation_ns.load();
+    s.collective_ns = op_stats_.collective_ns.load();
     std::lock_guard lock(coordinator_stats_mutex_);
     s.responses = coordinator_stats_.responses;
     s.fused_tensors = coordinator_stats_.fused_tensors;
     s.cache_hits = coordinator_stats_.cache_hits;
     s.stall_warnings = coordinator_stats_.stall_warnings;
+    s.wait_for_slowest_ns = coordinator_stats_.wait_for_slowest_ns;
     return s;
   }
 
@@ -420,13 +439,19 @@ class Engine {
       if (coordinator_) {
         progressed |= receive_requests();
         if (auto msg = coordinator_->poll(Clock::now())) {
+          if (pending_tuned_) msg->tuned = *std::exchange(pending_tuned_, std::nullopt);
           {
             std::lock_guard lock(coordinator_stats_mutex_);
             coordinator_stats_ = coordinator_->stats();
           }
-          timeline_.cycle_mark(Clock::now());
+          const auto planned = Clock::now();
+          timeline_.cycle_mark(planned);
           channel_->send_response(*msg, size_);
+          const auto reduced_before = backend_stats_.bytes_reduced.load(std::memory_order_relaxed);
           if (apply(*msg)) return;
+          if (autotuner_)
+            tune(*msg, backend_stats_.bytes_reduced.load(std::memory_order_relaxed) - reduced_before,
+                 planned);
           progressed = true;
         }
       } else if (auto msg = channel_->receive_response()) {
@@ -496,10 +521,23 @@ class Engine {
     return any;
   }
 
+  // Rank 0: feeds the autotuner one executed message; a new configuration takes effect in the
+  // coordinator at once and on every rank with the next message (Note [Applying tuned settings]).
+  void tune(const ResponseMessage& msg, std::uint64_t bytes, Clock::time_point planned) {
+    const auto knobs = autotuner_->on_executed(msg, static_cast<std::int64_t>(bytes), planned);
+    if (!knobs) return;
+    const Config tuned = autotune::apply_knobs(config_, *knobs);
+    coordinator_->retune(tuned.fusion_threshold_bytes, tuned.cycle_time_ms, tuned.cache_capacity);
+    pending_tuned_ = autotuner_->settings_for(autotuner_->generation());
+    log(LogLevel::debug, "autotune: switching to {}", autotune::describe(*knobs));
+  }
+
   // Applies one message from the coordinator. Returns true when the engine must stop.
   bool apply(const ResponseMessage& msg) {
     const auto arrival = Clock::now();
     responses_applied_ = msg.seq;
+    if (msg.tuned.generation != 0)
+      host_->retune(msg.tuned.fusion_pipeline, msg.tuned.hierarchical_allreduce);
     for (const auto& ins : msg.cache_inserts) {
       std::lock_guard lock(mutex_);
       auto it = in_flight_.find(ins.name);
@@ -565,6 +603,7 @@ class Engine {
     Backend* backend = host_.get();
     if (r.device.is_cuda()) backend = device_backend();
     watchdog_->executing(r.names.empty() ? std::string() : r.names.front(), to_string(r.kind), &owned);
+    const auto started = Clock::now();
     try {
       backend->execute(r, entries_, arrival);
     } catch (const TimeoutError& ex) {
@@ -589,8 +628,35 @@ class Engine {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     watchdog_->finished();
+    count_completed(r, owned, arrival, started);
     for (auto& e : owned)
       if (e) e->state->complete();
+  }
+
+  // The per-kind and timing counters of EngineStats, for one response this rank executed.
+  void count_completed(const Response& r, const std::vector<std::shared_ptr<Entry>>& owned,
+                       Clock::time_point arrival, Clock::time_point started) {
+    const auto ns = [](Clock::duration d) {
+      return static_cast<std::uint64_t>(std::max<std::int64_t>(
+          0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
+    };
+    op_stats_.collective_ns.fetch_add(ns(Clock::now() - started), std::memory_order_relaxed);
+    const auto es = static_cast<std::uint64_t>(element_size(r.dtype));
+    std::uint64_t bytes = 0, tensors = 0, negotiation = 0;
+    for (const auto& e : owned) {
+      if (!e) continue;
+      bytes += static_cast<std::uint64_t>(e->request.numel()) * es;
+      ++tensors;
+      negotiation += ns(arrival - e->submitted);
+    }
+    const auto kind = static_cast<std::size_t>(r.kind);
+    if (kind < op_stats_.kind_bytes.size())
+      op_stats_.kind_bytes[kind].fetch_add(bytes, std::memory_order_relaxed);
+    if (r.names.size() > 1) {
+      op_stats_.fused_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      op_stats_.fused_tensors.fetch_add(tensors, std::memory_order_relaxed);
+    }
+    op_stats_.negotiation_ns.fetch_add(negotiation, std::memory_order_relaxed);
   }
 
   Backend* device_backend() {
@@ -656,6 +722,8 @@ class Engine {
   std::string fatal_;
 
   std::optional<Coordinator> coordinator_;
+  std::optional<EngineAutotuner> autotuner_;      // rank 0, with DTRAIN_AUTOTUNE
+  std::optional<TunedSettings> pending_tuned_;    // for the next response message
   mutable std::mutex coordinator_stats_mutex_;
   CoordinatorStats coordinator_stats_;
   Timeline timeline_;
@@ -672,6 +740,13 @@ class Engine {
   std::array<std::atomic<std::uint64_t>, 7> name_counters_{};
   std::atomic<std::uint64_t> cache_ids_sent_{0};
   std::atomic<std::uint64_t> requests_sent_{0};
+  struct OpCounters {
+    std::array<std::atomic<std::uint64_t>, 8> kind_bytes{};  // by OpKind
+    std::atomic<std::uint64_t> fused_bytes{0};
+    std::atomic<std::uint64_t> fused_tensors{0};
+    std::atomic<std::uint64_t> negotiation_ns{0};
+    std::atomic<std::uint64_t> collective_ns{0};
+  } op_stats_;
 
   std::optional<PeerMonitor> monitor_;
   std::mutex name_owner_mutex_;

@@ -21,6 +21,7 @@ struct Entry {
   std::function<void(std::vector<std::int64_t>)> set_received_splits;  // alltoall
   std::function<void(int)> set_last_joined;  // join: the last rank to join
   void* stream = nullptr;            // device ops: producer stream
+  std::chrono::steady_clock::time_point submitted;  // when the engine took it (negotiation time)
   std::shared_ptr<OpState> state;
 };
 

@@ -39,9 +39,17 @@ class HostBackend final : public Backend {
     MPI_Comm_rank(o.comm, &rank_);
     MPI_Comm_size(o.comm, &size_);
     // Without the host layout, assume the worst: every rank on this host.
-    const int ranks_on_host = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
-    overlap_ = o.pipeline && overlap_pays(ranks_on_host);  // local: it moves no MPI call
+    ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
+    overlap_ = o.pipeline && overlap_pays(ranks_on_host_);  // local: it moves no MPI call
     direct_min_bytes_ = o.direct_segments ? kFusionDirectMinBytes : 0;
+  }
+
+  // The autotuner's settings, applied by every rank at the same response message (Note [Applying
+  // tuned settings] in runtime/autotuning.hpp).
+  void retune(bool pipeline, bool hierarchical) {
+    opt_.pipeline = pipeline;
+    overlap_ = pipeline && overlap_pays(ranks_on_host_);
+    opt_.hierarchical = hierarchical && opt_.hierarchy.valid();
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -228,6 +236,7 @@ class HostBackend final : public Backend {
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;
   HostBuffer scratch_;
+  int ranks_on_host_ = 1;
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
   FusedJob job_;  // the fused allreduce being executed (Note [Direct segments])
   FusionPipeline pipeline_;

@@ -60,6 +60,14 @@ class ResponseCache {
     msg.cache_inserts.push_back({id, q.name});
   }
 
+  // A new capacity (the autotuner switching the cache off or on): entries beyond it are evicted
+  // in `msg`, least recently used first, and retire like any other eviction.
+  void set_capacity(std::int64_t capacity, ResponseMessage& msg, std::uint64_t seq) {
+    capacity_ = capacity;
+    while (!lru_.empty() && static_cast<std::int64_t>(cache_.size()) > std::max<std::int64_t>(capacity_, 0))
+      evict(lru_.back(), msg, seq);
+  }
+
   // Forgets retired ids once every rank has applied (per rank: `applied`) the message that evicted
   // them.
   void retire(const std::vector<std::uint64_t>& applied) {
