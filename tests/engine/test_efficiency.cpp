@@ -3,6 +3,9 @@
 // DTRAIN_MPI_CHUNK_BYTES, with or without the packing pipeline) gives the same results.
 #include <atomic>
 #include <map>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include "engine_test.hpp"
 
@@ -92,6 +95,30 @@ TEST_CASE("engine counters: payload bytes by kind, fused bytes, negotiation and 
   CHECK(after.negotiation_ns > before.negotiation_ns);
   CHECK(after.collective_ns > before.collective_ns);
   if (rank == 0 && size > 1) CHECK(after.wait_for_slowest_ns >= before.wait_for_slowest_ns);
+}
+
+TEST_CASE("DTRAIN_LOG_LEVEL=debug leaves a trail of every submission and response") {
+  test::Initialized dt;
+  const int rank = dtrain::rank();
+  std::vector<std::string> lines;
+  std::mutex lines_mutex;
+  const auto level = dtrain::log_level();
+  detail::set_log_sink([&](std::string_view line) {
+    std::lock_guard lock(lines_mutex);
+    lines.emplace_back(line);
+  });
+  dtrain::set_log_level(LogLevel::debug);
+  std::vector<float> v(6, 1.0f);
+  allreduce(v, {.op = ReduceOp::Max, .name = "trail.x"});
+  dtrain::set_log_level(level);
+  detail::set_log_sink({});
+  auto has = [&](std::string_view fragment) {
+    for (const auto& l : lines)
+      if (l.find(fragment) != std::string::npos) return true;
+    return false;
+  };
+  CHECK(has(fmt::format("rank {} submits allreduce 'trail.x': float32 [6] on cpu, Max", rank)));
+  CHECK(has(fmt::format("rank {} runs allreduce of 1 tensor(s) [trail.x]: 6 elements of float32", rank)));
 }
 
 TEST_CASE("with fusion disabled every tensor is its own collective") {

@@ -56,7 +56,7 @@ TEST_CASE("log level names parse in any case and print back") {
   CHECK(dtrain::to_string(LogLevel::warning) == "warning");
   CHECK(dtrain::to_string(LogLevel::fatal) == "fatal");
   CHECK_THROWS_WITH_AS(dtrain::parse_log_level("verbose"),
-                       "\"verbose\" is not a log level: expected one of trace, debug, info, "
+                       "dtrain: \"verbose\" is not a log level: expected one of trace, debug, info, "
                        "warning, error, fatal",
                        dtrain::InvalidArgumentError);
   CHECK_THROWS_AS(dtrain::parse_log_level(""), dtrain::InvalidArgumentError);

@@ -65,7 +65,7 @@ inline std::atomic<int> log_rank{-1};  // set by the runtime at init; -1 = unkno
 
 inline LogLevel parse_log_level(std::string_view text) {
   if (auto level = detail::try_parse_log_level(text)) return *level;
-  throw InvalidArgumentError(fmt::format("\"{}\" is not a log level: expected one of {}", text,
+  throw InvalidArgumentError(fmt::format("dtrain: \"{}\" is not a log level: expected one of {}", text,
                                          detail::log_level_choices));
 }
 

@@ -62,21 +62,21 @@ inline std::vector<std::string> shard_files(const std::vector<std::string>& file
                                             std::int64_t epoch = 0) {
   if (files.empty()) {
     throw InvalidArgumentError(
-        "shard_files: files is empty; there is nothing to give each of the shards. Check the "
+        "dtrain: shard_files: files is empty; there is nothing to give each of the shards. Check the "
         "dataset path and file pattern");
   }
   if (num_shards <= 0) {
     throw InvalidArgumentError(fmt::format(
-        "shard_files: num_shards must be >= 1, got {} (pass the world size, e.g. dtrain::size())",
+        "dtrain: shard_files: num_shards must be >= 1, got {} (pass the world size, e.g. dtrain::size())",
         num_shards));
   }
   if (shard_index < 0 || shard_index >= num_shards) {
     throw InvalidArgumentError(fmt::format(
-        "shard_files: shard_index must be in [0, num_shards) = [0, {}), got {}", num_shards,
+        "dtrain: shard_files: shard_index must be in [0, num_shards) = [0, {}), got {}", num_shards,
         shard_index));
   }
   if (epoch < 0) {
-    throw InvalidArgumentError(fmt::format("shard_files: epoch must be >= 0, got {}", epoch));
+    throw InvalidArgumentError(fmt::format("dtrain: shard_files: epoch must be >= 0, got {}", epoch));
   }
   DistributedSampler sampler(static_cast<std::int64_t>(files.size()), num_shards, shard_index,
                              shuffle, seed, /*drop_last=*/false);
@@ -94,7 +94,7 @@ inline std::vector<std::string> list_files(const std::filesystem::path& dir,
                                            std::string_view pattern = "*") {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) {
-    throw InvalidArgumentError(fmt::format("list_files: '{}' is not a readable directory{}",
+    throw InvalidArgumentError(fmt::format("dtrain: list_files: '{}' is not a readable directory{}",
                                            dir.string(), ec ? ": " + ec.message() : ""));
   }
   std::vector<std::string> names;
@@ -108,7 +108,7 @@ inline std::vector<std::string> list_files(const std::filesystem::path& dir,
   }
   if (ec) {
     throw InvalidArgumentError(
-        fmt::format("list_files: cannot list '{}': {}", dir.string(), ec.message()));
+        fmt::format("dtrain: list_files: cannot list '{}': {}", dir.string(), ec.message()));
   }
   std::sort(names.begin(), names.end());
   std::vector<std::string> paths;
@@ -125,7 +125,7 @@ inline std::vector<std::string> shard_files(const std::filesystem::path& dir,
   const std::vector<std::string> files = list_files(dir, pattern);
   if (files.empty()) {
     throw InvalidArgumentError(fmt::format(
-        "shard_files: no regular file in '{}' matches '{}'; check the directory and the pattern",
+        "dtrain: shard_files: no regular file in '{}' matches '{}'; check the directory and the pattern",
         dir.string(), pattern));
   }
   return shard_files(files, num_shards, shard_index, shuffle, seed, epoch);

@@ -515,8 +515,9 @@ class Coordinator {
       for (int r = 0; r < opt_.size; ++r) {
         if (p.per_rank[r] && get(*p.per_rank[r]) != reference) {
           return fail(ErrorKind::mismatch,
-                      fmt::format("dtrain: ranks disagree on the {} of {} '{}': {}", field,
-                                  to_string(out.request.kind), name,
+                      fmt::format("dtrain: ranks disagree on the {} of {} '{}': {}. Run with "
+                                  "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
+                                  field, to_string(out.request.kind), name,
                                   by_value(p, [&](const Request& q) { return fmt::format("{}", get(q)); })));
         }
       }

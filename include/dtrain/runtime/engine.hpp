@@ -238,6 +238,7 @@ class Engine {
           const auto now = Clock::now();
           for (auto& e : entries) {
             e->submitted = now;
+            if (log_enabled(LogLevel::debug)) log_submission(e->request);
             if (e->request.kind == OpKind::join) join_entry_ = e;
             else in_flight_.emplace(e->request.name, e);
             incoming_.push_back(std::move(e));
@@ -549,8 +550,37 @@ class Engine {
       fail_everything(msg.fatal);
       return true;
     }
-    for (const auto& r : msg.responses) execute(r, arrival);
+    for (const auto& r : msg.responses) {
+      if (log_enabled(LogLevel::debug)) log_response(r);
+      execute(r, arrival);
+    }
     return msg.shutdown_complete;
+  }
+
+  // The debug trail (DTRAIN_LOG_LEVEL=debug): what each rank submitted and what it was told to
+  // run, so a mismatch or a stall can be traced rank by rank.
+  void log_submission(const Request& q) const {
+    if (!q.rejected.empty()) {
+      log(LogLevel::debug, "rank {} submits {} '{}' rejected here: {}", rank_, to_string(q.kind),
+          q.name, q.rejected);
+      return;
+    }
+    log(LogLevel::debug, "rank {} submits {} '{}'{}: {} [{}] on {}{}", rank_, to_string(q.kind),
+        q.name, q.group.empty() ? "" : fmt::format(" (group '{}')", q.group), to_string(q.dtype),
+        fmt::join(q.shape, ", "), to_string(q.device),
+        q.kind == OpKind::allreduce || q.kind == OpKind::reducescatter
+            ? fmt::format(", {}", to_string(q.reduce_op))
+            : q.kind == OpKind::broadcast ? fmt::format(", root {}", q.root) : std::string());
+  }
+  void log_response(const Response& r) const {
+    if (r.error != ErrorKind::none) {
+      log(LogLevel::debug, "rank {} is told {} [{}] failed: {}", rank_, to_string(r.kind),
+          fmt::join(r.names, ", "), r.error_message);
+      return;
+    }
+    log(LogLevel::debug, "rank {} runs {} of {} tensor(s) [{}]: {} elements of {}", rank_,
+        to_string(r.kind), r.names.size(), fmt::join(r.names, ", "), r.total_numel(),
+        to_string(r.dtype));
   }
 
   std::shared_ptr<Entry> take(const std::string& name) {

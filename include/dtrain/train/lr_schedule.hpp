@@ -63,7 +63,7 @@ class LrSchedule {
                                          : options_.base_lr;
     if (options_.decay == Decay::cosine && options_.min_lr > peak_) {
       throw InvalidArgumentError(fmt::format(
-          "LrScheduleOptions: min_lr ({}) must not exceed the peak learning rate ({}) for "
+          "dtrain: LrScheduleOptions: min_lr ({}) must not exceed the peak learning rate ({}) for "
           "cosine decay",
           options_.min_lr, peak_));
     }
@@ -72,7 +72,7 @@ class LrSchedule {
   double lr_at_step(std::int64_t step) const {
     if (step < 0) {
       throw InvalidArgumentError(
-          fmt::format("LrSchedule::lr_at_step: step must be >= 0, got {}", step));
+          fmt::format("dtrain: LrSchedule::lr_at_step: step must be >= 0, got {}", step));
     }
     return lr_at_epoch(static_cast<double>(step) /
                        static_cast<double>(options_.steps_per_epoch));
@@ -81,7 +81,7 @@ class LrSchedule {
   double lr_at_epoch(double epoch) const {
     if (!(epoch >= 0) || !std::isfinite(epoch)) {
       throw InvalidArgumentError(fmt::format(
-          "LrSchedule::lr_at_epoch: epoch must be finite and >= 0, got {}", epoch));
+          "dtrain: LrSchedule::lr_at_epoch: epoch must be finite and >= 0, got {}", epoch));
     }
     const LrScheduleOptions& o = options_;
     if (epoch < o.warmup_epochs) {
@@ -116,7 +116,7 @@ class LrSchedule {
   static void require_finite(std::string_view name, double value) {
     if (!std::isfinite(value)) {
       throw InvalidArgumentError(
-          fmt::format("LrScheduleOptions: {} must be finite, got {}", name, value));
+          fmt::format("dtrain: LrScheduleOptions: {} must be finite, got {}", name, value));
     }
   }
 
@@ -125,21 +125,21 @@ class LrSchedule {
     require_finite("base_lr", o.base_lr);
     if (o.base_lr <= 0) {
       throw InvalidArgumentError(
-          fmt::format("LrScheduleOptions: base_lr must be > 0, got {}", o.base_lr));
+          fmt::format("dtrain: LrScheduleOptions: base_lr must be > 0, got {}", o.base_lr));
     }
     if (o.world_size < 1) {
       throw InvalidArgumentError(fmt::format(
-          "LrScheduleOptions: world_size must be >= 1, got {} (pass dtrain::size())",
+          "dtrain: LrScheduleOptions: world_size must be >= 1, got {} (pass dtrain::size())",
           o.world_size));
     }
     require_finite("warmup_epochs", o.warmup_epochs);
     if (o.warmup_epochs < 0) {
       throw InvalidArgumentError(fmt::format(
-          "LrScheduleOptions: warmup_epochs must be >= 0, got {}", o.warmup_epochs));
+          "dtrain: LrScheduleOptions: warmup_epochs must be >= 0, got {}", o.warmup_epochs));
     }
     if (o.steps_per_epoch < 1) {
       throw InvalidArgumentError(fmt::format(
-          "LrScheduleOptions: steps_per_epoch must be >= 1, got {} (use the sampler's "
+          "dtrain: LrScheduleOptions: steps_per_epoch must be >= 1, got {} (use the sampler's "
           "num_batches())",
           o.steps_per_epoch));
     }
@@ -150,29 +150,29 @@ class LrSchedule {
       case Decay::cosine: break;
       default:
         throw InvalidArgumentError(fmt::format(
-            "LrScheduleOptions: decay has the invalid value {}; use none, step, multi_step or "
+            "dtrain: LrScheduleOptions: decay has the invalid value {}; use none, step, multi_step or "
             "cosine",
             static_cast<int>(o.decay)));
     }
     require_finite("gamma", o.gamma);
     if (o.gamma <= 0) {
       throw InvalidArgumentError(
-          fmt::format("LrScheduleOptions: gamma must be > 0, got {}", o.gamma));
+          fmt::format("dtrain: LrScheduleOptions: gamma must be > 0, got {}", o.gamma));
     }
     require_finite("step_epochs", o.step_epochs);
     if (o.step_epochs <= 0) {
       throw InvalidArgumentError(
-          fmt::format("LrScheduleOptions: step_epochs must be > 0, got {}", o.step_epochs));
+          fmt::format("dtrain: LrScheduleOptions: step_epochs must be > 0, got {}", o.step_epochs));
     }
     for (std::size_t i = 0; i < o.milestones.size(); ++i) {
       const double m = o.milestones[i];
       if (!std::isfinite(m) || m <= 0) {
         throw InvalidArgumentError(fmt::format(
-            "LrScheduleOptions: milestones[{}] must be finite and > 0, got {}", i, m));
+            "dtrain: LrScheduleOptions: milestones[{}] must be finite and > 0, got {}", i, m));
       }
       if (i > 0 && !(m > o.milestones[i - 1])) {
         throw InvalidArgumentError(fmt::format(
-            "LrScheduleOptions: milestones must be strictly ascending, but milestones[{}] = {} "
+            "dtrain: LrScheduleOptions: milestones must be strictly ascending, but milestones[{}] = {} "
             "follows {}",
             i, m, o.milestones[i - 1]));
       }
@@ -180,36 +180,36 @@ class LrSchedule {
     require_finite("total_epochs", o.total_epochs);
     if (o.total_epochs <= 0) {
       throw InvalidArgumentError(
-          fmt::format("LrScheduleOptions: total_epochs must be > 0, got {}", o.total_epochs));
+          fmt::format("dtrain: LrScheduleOptions: total_epochs must be > 0, got {}", o.total_epochs));
     }
     require_finite("min_lr", o.min_lr);
     if (o.min_lr < 0) {
       throw InvalidArgumentError(
-          fmt::format("LrScheduleOptions: min_lr must be >= 0, got {}", o.min_lr));
+          fmt::format("dtrain: LrScheduleOptions: min_lr must be >= 0, got {}", o.min_lr));
     }
     // Interplay with the warmup, checked only for the decay in use.
     if (o.decay == Decay::step && o.step_epochs < o.warmup_epochs) {
       throw InvalidArgumentError(fmt::format(
-          "LrScheduleOptions: step_epochs ({}) falls inside the warmup (warmup_epochs = {}); "
+          "dtrain: LrScheduleOptions: step_epochs ({}) falls inside the warmup (warmup_epochs = {}); "
           "step decay counts from epoch 0, so make step_epochs >= warmup_epochs",
           o.step_epochs, o.warmup_epochs));
     }
     if (o.decay == Decay::multi_step) {
       if (o.milestones.empty()) {
         throw InvalidArgumentError(
-            "LrScheduleOptions: decay is multi_step but milestones is empty; give the epochs "
+            "dtrain: LrScheduleOptions: decay is multi_step but milestones is empty; give the epochs "
             "at which to multiply by gamma, or use Decay::none");
       }
       if (o.milestones.front() < o.warmup_epochs) {
         throw InvalidArgumentError(fmt::format(
-            "LrScheduleOptions: milestones[0] = {} falls inside the warmup (warmup_epochs = "
+            "dtrain: LrScheduleOptions: milestones[0] = {} falls inside the warmup (warmup_epochs = "
             "{}); milestones count from epoch 0, so make them >= warmup_epochs",
             o.milestones.front(), o.warmup_epochs));
       }
     }
     if (o.decay == Decay::cosine && o.total_epochs <= o.warmup_epochs) {
       throw InvalidArgumentError(fmt::format(
-          "LrScheduleOptions: total_epochs ({}) must exceed warmup_epochs ({}) for cosine decay, "
+          "dtrain: LrScheduleOptions: total_epochs ({}) must exceed warmup_epochs ({}) for cosine decay, "
           "which runs from the end of warmup to total_epochs",
           o.total_epochs, o.warmup_epochs));
     }
