@@ -148,6 +148,18 @@ macro(dtrain_find_torch)
       if(TORCH_CUDA_LIBRARIES)
         set(DTRAIN_TORCH_CUDA ON)
       endif()
+      # Vendored dtrain (add_subdirectory, FetchContent with DTRAIN_WITH_TORCH): the parent project
+      # links dtrain::torch, so libtorch's imported targets must be visible there too.
+      if(NOT CMAKE_SOURCE_DIR STREQUAL CMAKE_CURRENT_SOURCE_DIR AND
+         NOT CMAKE_VERSION VERSION_LESS 3.21)
+        get_directory_property(_dtrain_torch_imported IMPORTED_TARGETS)
+        foreach(_dtrain_target IN LISTS _dtrain_torch_imported)
+          get_target_property(_dtrain_global ${_dtrain_target} IMPORTED_GLOBAL)
+          if(NOT _dtrain_global)
+            set_target_properties(${_dtrain_target} PROPERTIES IMPORTED_GLOBAL TRUE)
+          endif()
+        endforeach()
+      endif()
     endif()
   endif()
 
