@@ -21,7 +21,7 @@ torch_version=2.15.0
 log() { echo "setup-libtorch.sh: $*" >&2; }
 
 has_torch() {
-  "$venv/bin/python" - "$torch_version" 2>/dev/null <<'EOF'
+  "$venv/bin/python" -W ignore - "$torch_version" 2>/dev/null <<'EOF'
 import sys
 import torch
 sys.exit(0 if torch.__version__.split("+")[0] == sys.argv[1] else 1)
@@ -45,4 +45,5 @@ if ! has_torch; then
     exit 1
   fi
 fi
-"$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)'
+# -W ignore: torch warns on import that NumPy, which it does not need here, is missing.
+"$venv/bin/python" -W ignore -c 'import torch; print(torch.utils.cmake_prefix_path)'
