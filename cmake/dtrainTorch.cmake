@@ -5,6 +5,7 @@
 #   ...                           # (dtrain::dtrain, and dtrain::cuda where built, are defined here)
 #   dtrain_add_torch_target()     # dtrain::torch, when a usable libtorch was found
 #
+# (the installed package does the same for find_package(dtrain COMPONENTS torch)),
 # and in any directory below, for a program or library that uses libtorch:
 #
 #   if(TARGET dtrain::torch)
@@ -53,6 +54,14 @@ set(DTRAIN_TORCH_MIN_VERSION 2.1)
 # concatenated.
 function(_dtrain_torch_unusable)
   string(CONCAT what ${ARGV})
+  set(DTRAIN_TORCH_NOT_FOUND_REASON "${what}" PARENT_SCOPE)
+  if(CMAKE_FIND_PACKAGE_NAME)
+    # find_package(dtrain COMPONENTS torch): the package config reports the missing component.
+    if(NOT ${CMAKE_FIND_PACKAGE_NAME}_FIND_QUIETLY)
+      message(STATUS "dtrain: component torch is not available: ${what}")
+    endif()
+    return()
+  endif()
   string(CONCAT how
     "Point CMake at a libtorch >= ${DTRAIN_TORCH_MIN_VERSION}: -DTorch_DIR=<libtorch>/share/cmake/Torch, "
     "or -DCMAKE_PREFIX_PATH=<libtorch prefix> (for a pip install: "
@@ -150,7 +159,7 @@ macro(dtrain_find_torch)
       endif()
       # Vendored dtrain (add_subdirectory, FetchContent with DTRAIN_WITH_TORCH): the parent project
       # links dtrain::torch, so libtorch's imported targets must be visible there too.
-      if(NOT CMAKE_SOURCE_DIR STREQUAL CMAKE_CURRENT_SOURCE_DIR AND
+      if(NOT CMAKE_FIND_PACKAGE_NAME AND NOT CMAKE_SOURCE_DIR STREQUAL CMAKE_CURRENT_SOURCE_DIR AND
          NOT CMAKE_VERSION VERSION_LESS 3.21)
         get_directory_property(_dtrain_torch_imported IMPORTED_TARGETS)
         foreach(_dtrain_target IN LISTS _dtrain_torch_imported)
