@@ -46,7 +46,7 @@ include_guard(GLOBAL)
 
 set(DTRAIN_REQUIRE_TORCH OFF CACHE BOOL
     "Fail the configure when no usable libtorch is found, instead of skipping what needs it")
-# torch::autograd::PostAccumulateGradHook (Note [Gradient hooks]) and C++17-clean headers.
+# torch::autograd::PostAccumulateGradHook and impl::set_post_acc_grad_hooks (Note [Gradient hooks]).
 set(DTRAIN_TORCH_MIN_VERSION 2.1)
 
 # Reports a libtorch that is missing or unusable: an error with DTRAIN_REQUIRE_TORCH, else a
@@ -70,7 +70,8 @@ function(_dtrain_torch_unusable)
   if(DTRAIN_REQUIRE_TORCH)
     message(FATAL_ERROR "dtrain: DTRAIN_REQUIRE_TORCH=ON but ${what}. ${how}")
   endif()
-  message(WARNING "dtrain: ${what}; the libtorch tests and examples are skipped. ${how}")
+  message(WARNING "dtrain: ${what}; dtrain::torch is not defined and the libtorch tests and "
+                  "examples are skipped. ${how}")
 endfunction()
 
 # The NCCL that a pip-installed CUDA libtorch loads: site-packages/nvidia/nccl, beside torch/.
