@@ -14,8 +14,10 @@ Usage: tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
 
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
-  --torch     libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev
-              (the libtorch integration, its tests and the Fashion-MNIST example)
+  --torch     python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev
+              (the libtorch integration, its tests and the Fashion-MNIST example; libtorch
+              itself comes from PyPI's torch wheel, installed by tools/setup-libtorch.sh
+              into a virtual environment of the project, never the system Python)
   --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
   --dry-run   only print what would be installed
 
@@ -26,7 +28,7 @@ EOF
 }
 
 base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
-torch_packages=(libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev)
+torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
 
 with_torch=0

@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -58,9 +59,12 @@ epoch and gradients are averaged before each step, so the global batch is N x --
                             (default 0; with --scale-lr the peak is --lr x ranks)
   --norm NAME               batch (default) or group: group norm does not depend on how
                             the batch is split across ranks
+  --stem NAME               resnet18/34/50: auto (default: the small-input 3x3 stem for images
+                            of 32 px or less, else the standard 7x7 stride-2 stem and max-pool),
+                            standard or small
   --seed N                  seed of initialisation, shuffling and augmentation (default 42)
-  --threads N               intra-op threads per rank (default 0: the host's cores divided
-                            by the ranks on the host)
+  --threads N               intra-op threads per rank (default 0: the cores this process may
+                            use, divided by the ranks on the host, at least 1)
   --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)
   --eval-samples N          evaluate on the first N test samples (default 0: all)
   --augment                 random crop with padding and horizontal flip
@@ -120,6 +124,12 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
          require(value == "batch" || value == "group", flag, "batch or group", value);
          o.norm = value;
        }},
+      {"stem",
+       [&o](const std::string& flag, const std::string& value) {
+         require(value == "auto" || value == "standard" || value == "small", flag,
+                 "auto, standard or small", value);
+         o.stem = value;
+       }},
       {"seed",
        [&o](const std::string& flag, const std::string& value) {
          o.seed = parse_number<std::uint64_t>(flag, value);
@@ -167,6 +177,21 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     throw UsageError(message.str());
   }
   return o;
+}
+
+ThreadChoice choose_threads(std::int64_t requested, std::int64_t cores, std::int64_t local_ranks) {
+  cores = std::max<std::int64_t>(1, cores);
+  local_ranks = std::max<std::int64_t>(1, local_ranks);
+  const auto plural = [](std::int64_t n, const std::string& word) {
+    return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+  };
+  ThreadChoice choice;
+  choice.threads = requested > 0 ? requested : std::max<std::int64_t>(1, cores / local_ranks);
+  choice.description = plural(local_ranks, "rank") + " x " + plural(choice.threads, "thread") +
+                       " on " + plural(cores, "core") + " of this host";
+  if (requested > 0) choice.description += " (--threads)";
+  if (local_ranks * choice.threads > cores) choice.description += ", oversubscribed";
+  return choice;
 }
 
 TrainOptions parse_options(int argc, const char* const* argv) {

@@ -11,6 +11,7 @@
 
 #include <fmt/core.h>
 #include <mpi.h>
+#include <sched.h>
 #include <torch/torch.h>
 
 #include <dtrain/torch.hpp>  // dtrain: the SDK, with its libtorch support
@@ -37,6 +38,15 @@ using resnet::Dataset;
 using resnet::DataSplits;
 using resnet::TrainOptions;
 using Clock = std::chrono::steady_clock;
+
+// The cores this process may run on (its affinity mask: taskset, cgroup cpusets, a launcher's
+// binding), which can be fewer than the machine has.
+std::int64_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -217,11 +227,8 @@ int run(const TrainOptions& options) {
   const bool is_root = dtrain::rank() == 0;  // dtrain: one rank prints and writes files
   const bool report = is_root && !options.quiet;
   // dtrain: ranks on one host share its cores instead of each starting one thread per core.
-  const auto cores = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
-  const auto threads = options.threads > 0
-                           ? options.threads
-                           : std::max<std::int64_t>(1, cores / dtrain::local_size());
-  torch::set_num_threads(static_cast<int>(threads));
+  const auto threads = resnet::choose_threads(options.threads, usable_cores(), dtrain::local_size());
+  torch::set_num_threads(static_cast<int>(threads.threads));
   torch::manual_seed(options.seed);
   // dtrain: with GPUs, each rank on a host takes its own, by local rank.
   const torch::Device device =
@@ -238,9 +245,11 @@ int run(const TrainOptions& options) {
                            : data.test;
 
   const auto norm = options.norm == "group" ? resnet::Norm::group : resnet::Norm::batch;
-  const auto model = resnet::make_model(
-      options.model,
-      {.in_channels = data.channels(), .num_classes = data.num_classes(), .norm = norm});
+  const auto stem = resnet::choose_stem(options.model, options.stem, data.train.images.size(3));
+  const auto model = resnet::make_model(options.model, {.in_channels = data.channels(),
+                                                        .num_classes = data.num_classes(),
+                                                        .small_input_stem = stem.small_input_stem,
+                                                        .norm = norm});
   dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
   model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
@@ -275,8 +284,13 @@ int run(const TrainOptions& options) {
         "{} steps per epoch, lr {} (peak {}), {} threads per rank on {}; data loaded in {:.1f} s\n",
         options.model, options.dataset, data.train.size(), test.size(), shape[1], shape[2],
         shape[3], data.num_classes(), dtrain::size(), options.batch_size,
-        options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(), threads,
-        device.str(), seconds_since(load_start));
+        options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(),
+        threads.threads, device.str(), seconds_since(load_start));
+    fmt::print("threads: {}\n", threads.description);
+    std::int64_t parameters = 0;
+    for (const auto& p : model->parameters()) parameters += p.numel();
+    fmt::print("model: {}, {} parameters{}{}\n", options.model, parameters,
+               stem.description.empty() ? "" : ", ", stem.description);
     std::fflush(stdout);
   }
 

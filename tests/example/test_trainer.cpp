@@ -205,7 +205,22 @@ TEST_CASE("trainer: step and evaluation limits, --quiet, and the synthetic datas
   REQUIRE(result.exit_code == 0);
   CHECK(contains(result.output, "resnet8 on synthetic: 256 train / 10 test images of 3x16x16"));
   CHECK(contains(result.output, "5 steps per epoch"));
+  CHECK(contains(result.output, "\nthreads: 1 rank x 1 thread on "));
+  CHECK(contains(result.output, " cores of this host (--threads)"));
+  // ResNet-8 for 3 channels and 10 classes (He et al.: 0.08M), which has one stem only.
+  CHECK(contains(result.output, "\nmodel: resnet8, 75290 parameters\n"));
   CHECK(epoch_lines(result.output).size() == 2);
+
+  // An ImageNet-style network says which stem it got: the standard one on 64 px images.
+  const auto resnet18 =
+      train({"--dataset", "synthetic", "--synthetic-samples", "16", "--image-size", "64",
+             "--model", "resnet18", "--epochs", "1", "--batch-size", "4", "--max-steps-per-epoch",
+             "1", "--eval-samples", "4", "--threads", "1"});
+  INFO(resnet18.output);
+  CHECK(resnet18.exit_code == 0);
+  CHECK(contains(resnet18.output,
+                 "\nmodel: resnet18, 11181642 parameters, standard stem (7x7 stride 2 + "
+                 "max-pool), for 64 px images"));
 
   const auto quiet =
       train({"--dataset", "synthetic", "--synthetic-samples", "64", "--image-size", "8", "--epochs",
@@ -227,6 +242,7 @@ TEST_CASE("trainer on 2 ranks: learns, and only rank 0 prints") {
   CHECK(contains(result.output, "2 ranks x batch 16 = 32, 20 steps per epoch"));
   CHECK(count(result.output, "final: 3 epochs in") == 1);
   CHECK(contains(result.output, "on 2 ranks"));
+  CHECK(contains(result.output, "\nthreads: 2 ranks x 1 thread on "));
   const auto epochs = epoch_lines(result.output);
   REQUIRE(epochs.size() == 3);
   CHECK(epochs[2].loss < epochs[0].loss);
