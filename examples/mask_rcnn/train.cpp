@@ -133,6 +133,7 @@ void train(MaskRcnn& model, const DetectionDataset& data, const TrainOptions& o,
   model->train();
   dtrain::MetricAverager metrics;       // dtrain: losses averaged over the ranks for the log
   dtrain::ThroughputMeter throughput;  // dtrain: images/s of all ranks together
+  dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
   throughput.start_epoch();
   const auto start = Clock::now();
   std::int64_t epoch = -1;
@@ -142,35 +143,57 @@ void train(MaskRcnn& model, const DetectionDataset& data, const TrainOptions& o,
       sampler.set_epoch(epoch);  // dtrain: the same epoch on every rank
     }
     const auto& indices = sampler.batches()[static_cast<std::size_t>(it % steps_per_epoch)];
-    std::vector<torch::Tensor> images;
+    // dtrain: one step, phase by phase
+    auto profiled_step = profiler.step(static_cast<std::int64_t>(indices.size()));
+    ImageBatch batch;
     std::vector<InstanceTargets> targets;
-    for (const auto index : indices) {
-      const auto seed = mix(mix(o.seed, static_cast<std::uint64_t>(it)), static_cast<std::uint64_t>(index));
-      auto sample = data.get(index);
-      if (o.flip && (seed >> 63) != 0) sample = flip_horizontal(std::move(sample));
-      images.push_back(sample.image.to(device));
-      targets.push_back(targets_on(sample, device, seed));
+    {
+      auto phase = profiler.phase(dtrain::Phase::data);
+      std::vector<torch::Tensor> images;
+      for (const auto index : indices) {
+        const auto seed = mix(mix(o.seed, static_cast<std::uint64_t>(it)), static_cast<std::uint64_t>(index));
+        auto sample = data.get(index);
+        if (o.flip && (seed >> 63) != 0) sample = flip_horizontal(std::move(sample));
+        images.push_back(sample.image.to(device));
+        targets.push_back(targets_on(sample, device, seed));
+      }
+      batch = make_batch(images);
     }
-    const ImageBatch batch = make_batch(images);
-
-    dtrain::set_learning_rate(sgd, learning_rate(o, it));
-    optimizer.zero_grad();
-    Losses losses = model->losses(batch, targets);
-    // dtrain: each loss is its sum divided by the number of examples in the whole global batch,
-    // counted over all ranks (Note [Losses over the global batch] in detection.hpp).
-    std::vector<double> counts;
-    for (const char* name : loss_names) counts.push_back(losses.at(name).count);
-    dtrain::allreduce(counts, {.name = "mask_rcnn.loss_counts"});
-    torch::Tensor total = torch::zeros({}, batch.images.options());
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      if (counts[k] <= 0) continue;
-      const auto term = losses.at(loss_names[k]).sum / counts[k];
-      total = total + term;
-      metrics.add(loss_names[k], term.item<double>());
+    torch::Tensor total;
+    std::vector<torch::Tensor> terms(std::size(loss_names));
+    {
+      auto phase = profiler.phase(dtrain::Phase::forward);
+      optimizer.zero_grad();
+      Losses losses = model->losses(batch, targets);
+      // dtrain: each loss is its sum divided by the number of examples in the whole global batch,
+      // counted over all ranks (Note [Losses over the global batch] in detection.hpp).
+      std::vector<double> counts;
+      for (const char* name : loss_names) counts.push_back(losses.at(name).count);
+      dtrain::allreduce(counts, {.name = "mask_rcnn.loss_counts"});
+      total = torch::zeros({}, batch.images.options());
+      for (std::size_t k = 0; k < counts.size(); ++k) {
+        if (counts[k] <= 0) continue;
+        terms[k] = losses.at(loss_names[k]).sum / counts[k];
+        total = total + terms[k];
+      }
     }
+    {
+      auto phase = profiler.phase(dtrain::Phase::backward);
+      total.backward();
+    }
+    {
+      auto phase = profiler.phase(dtrain::Phase::communication_wait);
+      optimizer.synchronize();  // dtrain: the gradients' allreduces still running after backward
+    }
+    {
+      auto phase = profiler.phase(dtrain::Phase::optimizer);
+      auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
+      dtrain::set_learning_rate(sgd, learning_rate(o, it));
+      optimizer.step();
+    }
+    for (std::size_t k = 0; k < terms.size(); ++k)
+      if (terms[k].defined()) metrics.add(loss_names[k], terms[k].item<double>());
     metrics.add("loss", total.item<double>());
-    total.backward();
-    optimizer.step();
     throughput.add_samples(static_cast<std::int64_t>(indices.size()));
 
     if ((it + 1) % o.log_every == 0 || it + 1 == o.iterations) {
