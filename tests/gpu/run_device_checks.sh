@@ -141,7 +141,7 @@ if [ "$ngpus" -gt 1 ]; then
   step "bench_grad_sync_np$ngpus" no 120 mpiexec.mpich -n "$ngpus" "$bin_bench/bench_gpu_grad_sync" --rounds=20
 fi
 
-# ---- ResNet trainer on the GPU (examples/resnet against the machine's CUDA libtorch) ------------
+# ---- ResNet and Mask R-CNN trainers on the GPU (examples/ against the machine's CUDA libtorch) ---
 # The trainer's GPU mode: 1 rank on the device (gradients over NCCL), then 2 ranks sharing it
 # (NCCL needs one GPU per rank, so dtrain reduces through pinned host staging). Images/s go to the
 # results as resnet_gpu_np<N>_img_s.
@@ -165,6 +165,20 @@ if [ -n "$torch_prefix" ] && [ "$ngpus" -gt 0 ]; then
         { say "resnet_gpu_np$n: the trainer did not run on the GPU"; failed=1; }
       awk -v n="$n" '/^epoch +3\/3/ { for (i = 1; i <= NF; ++i) if ($i == "img/s")
         print "resnet_gpu_np" n "_img_s " $(i - 1) }' "$out/resnet_gpu_np$n.log" >>"$results"
+    done
+  fi
+  # ---- Mask R-CNN trainer on the GPU: the smoke run (40 steps, then the COCO evaluation) at 1 and
+  # 2 ranks. It needs nlohmann-json and stb (the example is skipped without them), so a machine
+  # missing them reports the build as INFO rather than failing the checks.
+  if step build_mask_rcnn no 420 cmake --build "$build_resnet" -j "$jobs" --target mask_rcnn_train; then
+    mask_rcnn="$build_resnet/examples/mask_rcnn/mask_rcnn_train"
+    for n in 1 2; do
+      step "mask_rcnn_gpu_np$n" yes 300 mpiexec.mpich -n "$n" "$mask_rcnn" --smoke --device cuda \
+        --out "$out/mask_rcnn_np$n"
+      grep -q " on cuda:0" "$out/mask_rcnn_gpu_np$n.log" ||
+        { say "mask_rcnn_gpu_np$n: the trainer did not run on the GPU"; failed=1; }
+      [ -s "$out/mask_rcnn_np$n/detections.json" ] ||
+        { say "mask_rcnn_gpu_np$n: no detections.json"; failed=1; }
     done
   fi
 else
