@@ -12,11 +12,15 @@ jobs=$(nproc)
 
 "$root/tools/install-deps.sh" --torch --browser
 torch_prefix=$("$root/tools/setup-libtorch.sh")
+# pycocotools, for the test that scores the Mask R-CNN example's output with the reference COCO API.
+venv=${DTRAIN_TORCH_VENV:-$root/.venv}
+"$venv/bin/python" -c 'import pycocotools' 2>/dev/null ||
+  "$venv/bin/python" -m pip install --progress-bar off pycocotools >&2
 
 # MPICH is the reference MPI; pin it by its suffixed wrappers so an Open MPI installed next to it
 # cannot sneak into the build or the test launcher.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON -DMASK_RCNN_PYTHON="$venv/bin/python"
 cmake --build "$build" -j "$jobs"
 cd "$build"
 ctest --output-on-failure -j "$jobs"
