@@ -29,10 +29,12 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-// Runs the trainer as one process (ranks = 0: without a launcher) or under mpiexec.
-Result run_trainer(const std::vector<std::string>& args, int ranks = 0) {
+// Runs the trainer as one process (ranks = 0: without a launcher) or under mpiexec; `environment`
+// (NAME=value ...) goes before the command.
+Result run_trainer(const std::vector<std::string>& args, int ranks = 0, const std::string& environment = "") {
   std::string command = "'" MASK_RCNN_TRAIN "'";
   if (ranks > 0) command = MASK_RCNN_MPIEXEC " " + std::to_string(ranks) + " " + command;
+  if (!environment.empty()) command = "env " + environment + " " + command;
   for (const auto& arg : args) command += " '" + arg + "'";
   command += " 2>&1";
   Result result;
@@ -88,7 +90,9 @@ TEST_CASE("trainer: a bad flag prints the usage and exits 2; --help exits 0") {
 TEST_CASE("trainer smoke: 2 ranks train, losses fall, evaluation files are written; the checkpoint evaluates alike") {
   const fs::path out = MASK_RCNN_SMOKE_DIR;
   fs::remove_all(out);
-  const auto result = run_trainer({"--smoke", "--threads", "1", "--out", out.string()}, 2);
+  TempDir profile;
+  const auto result = run_trainer({"--smoke", "--threads", "1", "--out", out.string()}, 2,
+                                  "DTRAIN_PROFILE='" + profile.path().string() + "'");
   INFO(result.output);
   REQUIRE(result.exit_code == 0);
   CHECK(contains(result.output, "2 ranks x batch 2 = 4 images per step, 40 iterations"));
@@ -104,6 +108,22 @@ TEST_CASE("trainer smoke: 2 ranks train, losses fall, evaluation files are writt
     CHECK(fs::file_size(out / file) > 0);
   }
   CHECK(read_file(out / "predictions.png").substr(1, 3) == "PNG");
+
+  // The profiler saw every step of every rank, each with the five phases of the training loop.
+  for (const char* rank_file : {"rank-0.jsonl", "rank-1.jsonl"}) {
+    CAPTURE(rank_file);
+    std::istringstream in(read_file(profile / rank_file));
+    int steps = 0;
+    for (std::string line; std::getline(in, line);) {
+      if (!contains(line, "\"type\":\"step\"")) continue;
+      ++steps;
+      for (const char* phase : {"\"data\":", "\"forward\":", "\"backward\":", "\"communication_wait\":", "\"optimizer\":"}) {
+        CAPTURE(phase);
+        CHECK(contains(line, phase));
+      }
+    }
+    CHECK(steps == 40);
+  }
 
   // The checkpoint, evaluated on its own by one process: the same detections, the same numbers.
   TempDir again;
