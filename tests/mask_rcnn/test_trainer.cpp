@@ -207,7 +207,7 @@ void write_coco_folder(const fs::path& dir, std::int64_t count) {
 
 }  // namespace
 
-TEST_CASE("trainer: trains and evaluates on a COCO-format folder; a missing image is named") {
+TEST_CASE("trainer: trains and evaluates on a COCO-format folder; a missing image is named, every rank stops") {
   TempDir dir;
   write_coco_folder(dir.path(), 12);
   const std::vector<std::string> coco = {"--dataset", "coco", "--train-annotations", (dir / "instances.json").string(),
@@ -226,8 +226,11 @@ TEST_CASE("trainer: trains and evaluates on a COCO-format folder; a missing imag
   CHECK(contains(result.output, "evaluation on 12 images"));
   CHECK(fs::file_size(dir / "out" / "detections.json") > 0);
 
+  // At 2 ranks: the rank that reads the missing image names it and stops the other, which would
+  // otherwise wait for it in the next allreduce.
   fs::remove(dir / "images" / "shapes_5.png");
-  const auto missing = run_trainer(args);
+  const auto missing = run_trainer(args, 2);
+  INFO(missing.output);
   CHECK(missing.exit_code == 1);
   CHECK(contains(missing.output, (dir / "images" / "shapes_5.png").string() + ": image file not found (image id 6"));
 }
