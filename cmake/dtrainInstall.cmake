@@ -82,6 +82,39 @@ install(FILES "${dtrain_BINARY_DIR}/package/dtrainConfig.cmake"
               "${dtrain_SOURCE_DIR}/cmake/dtrainTorch.cmake"
         DESTINATION "${DTRAIN_INSTALL_CMAKEDIR}")
 
+# dtrainrun in bin/, its Python package and the description of this build in
+# share/dtrain/launcher/ (where bin/dtrainrun looks for them), dtrain-build-info beside it.
+if(TARGET dtrain_build_info)
+  install(PROGRAMS "${dtrain_SOURCE_DIR}/tools/dtrainrun" DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(TARGETS dtrain_build_info RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}")
+  install(DIRECTORY "${dtrain_SOURCE_DIR}/tools/dtrain_launcher"
+          DESTINATION "${CMAKE_INSTALL_DATADIR}/dtrain/launcher"
+          FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+  install(FILES "${dtrain_BINARY_DIR}/share/dtrain/launcher/build.json"
+          DESTINATION "${CMAKE_INSTALL_DATADIR}/dtrain/launcher")
+endif()
+
+# dtrain-report: the launcher in bin/, its Python modules in share/dtrain/. The installed launcher
+# names the modules' folder relative to itself, so an installation can be moved.
+if(IS_ABSOLUTE "${CMAKE_INSTALL_BINDIR}")
+  set(_dtrain_bindir "${CMAKE_INSTALL_BINDIR}")
+else()
+  set(_dtrain_bindir "/prefix/${CMAKE_INSTALL_BINDIR}")
+endif()
+if(IS_ABSOLUTE "${CMAKE_INSTALL_DATADIR}")
+  set(_dtrain_datadir "${CMAKE_INSTALL_DATADIR}/dtrain")
+else()
+  set(_dtrain_datadir "/prefix/${CMAKE_INSTALL_DATADIR}/dtrain")
+endif()
+file(RELATIVE_PATH _dtrain_report_modules "${_dtrain_bindir}" "${_dtrain_datadir}")
+file(READ "${dtrain_SOURCE_DIR}/tools/dtrain-report" _dtrain_report)
+string(REPLACE "INSTALLED_MODULES = \"../share/dtrain\""
+               "INSTALLED_MODULES = \"${_dtrain_report_modules}\"" _dtrain_report "${_dtrain_report}")
+file(GENERATE OUTPUT "${dtrain_BINARY_DIR}/package/dtrain-report" CONTENT "${_dtrain_report}")
+install(PROGRAMS "${dtrain_BINARY_DIR}/package/dtrain-report" DESTINATION "${CMAKE_INSTALL_BINDIR}")
+install(DIRECTORY "${dtrain_SOURCE_DIR}/tools/dtrain_report" DESTINATION "${CMAKE_INSTALL_DATADIR}/dtrain"
+        FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+
 foreach(_dtrain_doc IN ITEMS LICENSE LICENSE.txt LICENSE.md COPYING NOTICE README README.md)
   if(EXISTS "${dtrain_SOURCE_DIR}/${_dtrain_doc}")
     install(FILES "${dtrain_SOURCE_DIR}/${_dtrain_doc}" DESTINATION "${CMAKE_INSTALL_DOCDIR}")

@@ -3,21 +3,23 @@
 # that is already installed. Safe to run again: with nothing missing it changes nothing (not even
 # the apt package lists).
 #
-#   tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
+#   tools/install-deps.sh [--torch] [--browser] [--openmpi] [--dry-run]
 #
 # Runs as root, or through sudo when started by another user.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: tools/install-deps.sh [--torch] [--openmpi] [--dry-run]
+Usage: tools/install-deps.sh [--torch] [--browser] [--openmpi] [--dry-run]
 
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
+              iproute2 (the launcher's two-host test across network namespaces)
   --torch     python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev
               (the libtorch integration, its tests and the Fashion-MNIST example; libtorch
               itself comes from PyPI's torch wheel, installed by tools/setup-libtorch.sh
               into a virtual environment of the project, never the system Python)
+  --browser   chromium (the test that opens a dtrain-report page in a headless browser)
   --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
   --dry-run   only print what would be installed
 
@@ -27,16 +29,20 @@ alternatives, they are set back to what they were. Build against Open MPI with
 EOF
 }
 
-base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
+base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
+  iproute2)
 torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev)
+browser_packages=(chromium)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
 
 with_torch=0
+with_browser=0
 with_openmpi=0
 dry_run=0
 for arg in "$@"; do
   case "$arg" in
     --torch) with_torch=1 ;;
+    --browser) with_browser=1 ;;
     --openmpi) with_openmpi=1 ;;
     --dry-run) dry_run=1 ;;
     -h | --help)
@@ -79,6 +85,9 @@ missing_of() {
 wanted=("${base_packages[@]}")
 if ((with_torch)); then
   wanted+=("${torch_packages[@]}")
+fi
+if ((with_browser)); then
+  wanted+=("${browser_packages[@]}")
 fi
 mapfile -t missing < <(missing_of "${wanted[@]}")
 missing_openmpi=()

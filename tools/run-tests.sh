@@ -10,7 +10,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DTRAIN_BUILD_DIR:-$root/build}
 jobs=$(nproc)
 
-"$root/tools/install-deps.sh" --torch
+"$root/tools/install-deps.sh" --torch --browser
 torch_prefix=$("$root/tools/setup-libtorch.sh")
 
 # MPICH is the reference MPI; pin it by its suffixed wrappers so an Open MPI installed next to it

@@ -3,19 +3,28 @@
 // hand. The lines marked "dtrain:" are all it takes to run it on many processes:
 //
 //   mpiexec -n 4 ./plain_train --epochs 30
+//   mpiexec -n 4 ./plain_train --epochs 30 --checkpoint-dir ckpt --resume   (restartable)
+//
+// With DTRAIN_PROFILE=<folder> each rank also records where its steps spend their time (the
+// phases marked in the training loop), and `dtrain-report <folder> -o report.html` explains it
+// (docs/profiling.md).
 //
 // Every rank builds the same dataset and trains on its own shard of each epoch; gradients are
 // averaged across ranks before every step, so the ranks stay identical and N ranks with batch b
-// train like one process with batch N·b.
+// train like one process with batch N·b. With --checkpoint-dir, a job that is killed and started
+// again with --resume ends with exactly the weights of a job that was never interrupted.
 #include <algorithm>
 #include <charconv>
+#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <numbers>
+#include <optional>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -38,13 +47,27 @@ struct Options {
   int hidden = 64;
   int samples = 3000;
   std::uint64_t seed = 1;
+  double jitter = 0;                 // augmentation: uniform input noise of this amplitude
+  std::string checkpoint_dir;        // empty: no checkpoints
+  std::int64_t checkpoint_every = 0; // steps between checkpoints; 0: at the end of each epoch only
+  int keep_checkpoints = 3;
+  bool resume = false;
+  int crash_rank = -1;               // testing restarts: this rank dies ...
+  std::int64_t crash_after_step = -1;  // ... with SIGKILL after this step, unless it resumed
 };
 
 [[noreturn]] void usage(const std::string& problem) {
   if (!problem.empty()) std::fprintf(stderr, "plain_train: %s\n", problem.c_str());
   std::fprintf(stderr,
                "usage: plain_train [--epochs N] [--batch-size N] [--lr X] [--warmup-epochs X]\n"
-               "                   [--momentum X] [--hidden N] [--samples N] [--seed N]\n");
+               "                   [--momentum X] [--hidden N] [--samples N] [--seed N]\n"
+               "                   [--jitter X] [--checkpoint-dir DIR] [--checkpoint-every STEPS]\n"
+               "                   [--keep-checkpoints K] [--resume]\n"
+               "                   [--crash-rank R --crash-after-step N]\n"
+               "--resume continues from the newest valid checkpoint in DIR, if there is one.\n"
+               "--crash-rank/--crash-after-step (for testing restarts) make rank R kill itself\n"
+               "with SIGKILL after step N, once the checkpoints before it are on disk; a run\n"
+               "that resumed from a checkpoint does not crash again.\n");
   std::exit(2);
 }
 
@@ -62,6 +85,10 @@ Options parse_options(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view flag = argv[i];
     if (flag == "--help" || flag == "-h") usage("");
+    if (flag == "--resume") {
+      o.resume = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(fmt::format("{} needs a value", flag));
     const std::string_view v = argv[++i];
     if (flag == "--epochs") o.epochs = parse<int>(flag, v);
@@ -72,8 +99,18 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--hidden") o.hidden = parse<int>(flag, v);
     else if (flag == "--samples") o.samples = parse<int>(flag, v);
     else if (flag == "--seed") o.seed = parse<std::uint64_t>(flag, v);
+    else if (flag == "--jitter") o.jitter = parse<double>(flag, v);
+    else if (flag == "--checkpoint-dir") o.checkpoint_dir = std::string(v);
+    else if (flag == "--checkpoint-every") o.checkpoint_every = parse<std::int64_t>(flag, v);
+    else if (flag == "--keep-checkpoints") o.keep_checkpoints = parse<int>(flag, v);
+    else if (flag == "--crash-rank") o.crash_rank = parse<int>(flag, v);
+    else if (flag == "--crash-after-step") o.crash_after_step = parse<std::int64_t>(flag, v);
     else usage(fmt::format("unknown option {}", flag));
   }
+  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0))
+    usage("--resume and --checkpoint-every need --checkpoint-dir");
+  if (o.jitter < 0 || o.checkpoint_every < 0 || o.keep_checkpoints < 0)
+    usage("--jitter, --checkpoint-every and --keep-checkpoints must be non-negative");
   if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 1 || o.samples < 1 || !(o.lr > 0) ||
       o.warmup_epochs < 0 || o.momentum < 0 || o.momentum >= 1)
     usage("--epochs, --batch-size, --hidden, --samples and --lr must be positive, "
@@ -126,6 +163,26 @@ struct Mlp {
   std::vector<std::pair<std::string, std::span<float>>> named_parameters() {
     return {{"fc1.weight", w1}, {"fc1.bias", b1}, {"fc2.weight", w2}, {"fc2.bias", b2}};
   }
+
+  // dtrain: how the model goes into a checkpoint (Note [Object serialization]).
+  friend void dtrain_serialize(dtrain::ObjectWriter& w, const Mlp& m) {
+    w.write(m.w1);
+    w.write(m.b1);
+    w.write(m.w2);
+    w.write(m.b2);
+  }
+  friend void dtrain_deserialize(dtrain::ObjectReader& r, Mlp& m) {
+    const std::size_t sizes[] = {m.w1.size(), m.b1.size(), m.w2.size(), m.b2.size()};
+    r.read(m.w1);
+    r.read(m.b1);
+    r.read(m.w2);
+    r.read(m.b2);
+    if (m.w1.size() != sizes[0] || m.b1.size() != sizes[1] || m.w2.size() != sizes[2] ||
+        m.b2.size() != sizes[3])
+      throw std::runtime_error(fmt::format(
+          "plain_train: the checkpoint's model has {} hidden units, this one {}: resume with the "
+          "same --hidden", m.b1.size(), sizes[1]));
+  }
 };
 
 struct BatchResult {
@@ -133,22 +190,45 @@ struct BatchResult {
   int correct = 0;
 };
 
-// Forward and backward over one batch: writes d(mean loss)/d(weights) into `grads`
-// (w1, b1, w2, b2 order).
-BatchResult forward_backward(const Mlp& m, const Dataset& data,
-                             std::span<const std::int64_t> batch,
-                             std::vector<std::vector<float>>& grads) {
-  for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
-  auto &gw1 = grads[0], &gb1 = grads[1], &gw2 = grads[2], &gb2 = grads[3];
-  const float scale = 1.0f / static_cast<float>(batch.size());
-  std::vector<float> h(m.hidden), dh(m.hidden);
+// One batch gathered from the dataset, and the activations forward keeps for backward.
+struct Batch {
+  std::vector<float> x;    // [size, kFeatures]
+  std::vector<int> label;  // [size]
+  std::size_t size() const { return label.size(); }
+};
+
+struct Activations {
+  std::vector<float> h;  // [batch, hidden], after ReLU
+  std::vector<float> p;  // [batch, kClasses], softmax probabilities
+};
+
+
+// The batch's inputs, plus `noise` (empty, or kFeatures values per sample) when augmenting.
+void gather_batch(const Dataset& data, std::span<const std::int64_t> indices,
+                  std::span<const float> noise, Batch& batch) {
+  batch.x.resize(indices.size() * kFeatures);
+  batch.label.resize(indices.size());
+  for (std::size_t b = 0; b < indices.size(); ++b) {
+    const std::int64_t i = indices[b];
+    for (int j = 0; j < kFeatures; ++j)
+      batch.x[b * kFeatures + j] =
+          noise.empty() ? data.x[i * kFeatures + j] : data.x[i * kFeatures + j] + noise[b * kFeatures + j];
+    batch.label[b] = data.label[i];
+  }
+}
+
+BatchResult forward(const Mlp& m, const Batch& batch, Activations& a) {
+  const std::size_t n = batch.size();
+  a.h.resize(n * m.hidden);
+  a.p.resize(n * kClasses);
   BatchResult result;
-  for (std::int64_t i : batch) {
-    const float* x = &data.x[i * kFeatures];
+  for (std::size_t b = 0; b < n; ++b) {
+    const float* x = &batch.x[b * kFeatures];
+    float* h = &a.h[b * m.hidden];
     for (int u = 0; u < m.hidden; ++u) {
-      float a = m.b1[u];
-      for (int j = 0; j < kFeatures; ++j) a += m.w1[u * kFeatures + j] * x[j];
-      h[u] = std::max(a, 0.0f);
+      float z = m.b1[u];
+      for (int j = 0; j < kFeatures; ++j) z += m.w1[u * kFeatures + j] * x[j];
+      h[u] = std::max(z, 0.0f);
     }
     float logits[kClasses];
     for (int c = 0; c < kClasses; ++c) {
@@ -158,16 +238,33 @@ BatchResult forward_backward(const Mlp& m, const Dataset& data,
     }
     // Softmax cross-entropy, shifted by the max logit for stability.
     const float top = *std::max_element(logits, logits + kClasses);
-    float sum = 0, p[kClasses];
+    float sum = 0;
+    float* p = &a.p[b * kClasses];
     for (int c = 0; c < kClasses; ++c) sum += p[c] = std::exp(logits[c] - top);
-    for (float& v : p) v /= sum;
-    const int y = data.label[i];
+    for (int c = 0; c < kClasses; ++c) p[c] /= sum;
+    const int y = batch.label[b];
     result.loss += -std::log(std::max(p[y], 1e-12f));
     if (std::max_element(p, p + kClasses) - p == y) ++result.correct;
+  }
+  result.loss /= static_cast<double>(n);
+  return result;
+}
 
+// d(mean loss)/d(weights) into `grads` (w1, b1, w2, b2 order), from forward's activations.
+void backward(const Mlp& m, const Batch& batch, const Activations& a,
+              std::vector<std::vector<float>>& grads) {
+  for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
+  auto &gw1 = grads[0], &gb1 = grads[1], &gw2 = grads[2], &gb2 = grads[3];
+  const std::size_t n = batch.size();
+  const float scale = 1.0f / static_cast<float>(n);
+  std::vector<float> dh(m.hidden);
+  for (std::size_t b = 0; b < n; ++b) {
+    const float* x = &batch.x[b * kFeatures];
+    const float* h = &a.h[b * m.hidden];
+    const float* p = &a.p[b * kClasses];
     std::fill(dh.begin(), dh.end(), 0.0f);
     for (int c = 0; c < kClasses; ++c) {
-      const float dz = (p[c] - (c == y ? 1.0f : 0.0f)) * scale;
+      const float dz = (p[c] - (c == batch.label[b] ? 1.0f : 0.0f)) * scale;
       gb2[c] += dz;
       for (int u = 0; u < m.hidden; ++u) {
         gw2[c * m.hidden + u] += dz * h[u];
@@ -180,8 +277,6 @@ BatchResult forward_backward(const Mlp& m, const Dataset& data,
       for (int j = 0; j < kFeatures; ++j) gw1[u * kFeatures + j] += dh[u] * x[j];
     }
   }
-  result.loss /= static_cast<double>(batch.size());
-  return result;
 }
 
 // ---- optimizer: SGD with momentum --------------------------------------------------------------
@@ -210,6 +305,16 @@ class Sgd {
   }
   std::vector<std::vector<float>>& gradient_buffers() { return grads_; }
 
+  // dtrain: the optimizer's state in a checkpoint: its momentum buffers (the rate comes from the
+  // schedule at every step).
+  friend void dtrain_serialize(dtrain::ObjectWriter& w, const Sgd& s) { w.write(s.velocity_); }
+  friend void dtrain_deserialize(dtrain::ObjectReader& r, Sgd& s) {
+    const std::size_t tensors = s.velocity_.size();
+    r.read(s.velocity_);
+    if (s.velocity_.size() != tensors)
+      throw std::runtime_error("plain_train: the checkpoint's optimizer has a different shape");
+  }
+
   float lr = 0.01f;
 
  private:
@@ -221,11 +326,17 @@ class Sgd {
   std::vector<std::vector<float>> grads_, velocity_;
 };
 
-}  // namespace
+// FNV-1a over the weights' bytes: equal fingerprints mean (practically) bitwise-equal weights.
+std::uint64_t fingerprint(const Mlp& m) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const auto* v : {&m.w1, &m.b1, &m.w2, &m.b2}) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v->data());
+    for (std::size_t i = 0; i < v->size() * sizeof(float); ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  }
+  return h;
+}
 
-int main(int argc, char** argv) {
-  dtrain::Session session(argc, argv);  // dtrain: start (and at scope exit stop) the runtime
-  const Options o = parse_options(argc, argv);
+int train(const Options& o) {
   const int rank = dtrain::rank(), world = dtrain::size();
 
   const Dataset data = make_spirals(o.samples, o.seed);
@@ -254,6 +365,50 @@ int main(int argc, char** argv) {
   lr_options.steps_per_epoch = steps_per_epoch;
   const dtrain::LrSchedule schedule(lr_options);
 
+  // Augmentation noise: each rank draws its own, so its generator is per-rank checkpoint state.
+  std::mt19937_64 jitter_rng(o.seed * 7919 + static_cast<std::uint64_t>(rank));
+  std::vector<float> noise;
+
+  // dtrain: checkpoints, and resuming from the newest valid one.
+  std::optional<dtrain::Checkpoint> checkpoint;
+  std::int64_t step = 0;
+  std::int64_t first_epoch = 0;
+  bool resumed = false;
+  if (!o.checkpoint_dir.empty())
+    checkpoint.emplace(dtrain::CheckpointOptions{.directory = o.checkpoint_dir,
+                                                 .keep_last = o.keep_checkpoints});
+  if (o.resume) {
+    if (auto restored = checkpoint->restore()) {  // collective: rank 0 reads, every rank loads
+      restored->load("model", model);
+      restored->load("optimizer", sgd);
+      if (o.jitter > 0) restored->load("jitter_rng", jitter_rng);
+      const auto position = restored->get<dtrain::SamplerState>("sampler");
+      sampler.load_state(position);
+      step = restored->step();
+      first_epoch = position.epoch;
+      resumed = true;
+      if (rank == 0)
+        fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it (saved by {} ranks{})\n",
+                   restored->file().string(), step, first_epoch + 1, position.position,
+                   data.size(), restored->world_size(),
+                   restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
+    } else if (rank == 0) {
+      fmt::print("no checkpoint in {}: starting afresh\n", o.checkpoint_dir);
+    }
+  }
+  // Every rank calls save() at the same step; rank 0 writes in the background. The generator is
+  // saved only when it is used: per-rank items tie a checkpoint to its world size.
+  auto save = [&](std::int64_t epoch, std::int64_t taken) {
+    const dtrain::SamplerState position = sampler.state(taken);
+    if (o.jitter > 0)
+      checkpoint->save({.step = step, .epoch = epoch},
+                       {{"model", model}, {"optimizer", sgd}, {"sampler", position}},
+                       {{"jitter_rng", jitter_rng}});
+    else
+      checkpoint->save({.step = step, .epoch = epoch},
+                       {{"model", model}, {"optimizer", sgd}, {"sampler", position}});
+  };
+
   if (rank == 0)
     fmt::print("training on {} ranks: {} samples, batch {} per rank ({} global), {} steps/epoch, "
                "peak lr {}\n",
@@ -261,27 +416,85 @@ int main(int argc, char** argv) {
                schedule.peak_lr());
   dtrain::MetricAverager metrics;
   dtrain::ThroughputMeter throughput;
-  std::int64_t step = 0;
-  for (int epoch = 0; epoch < o.epochs; ++epoch) {
+  dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
+  Batch batch;
+  Activations activations;
+  for (std::int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     sampler.set_epoch(epoch);  // dtrain: a new shuffle each epoch, the same on every rank
-    const auto indices = sampler.indices();
+    const auto indices = sampler.indices();  // after a resume: the rest of the epoch
+    // The same count on every rank (Note [Equal steps on every rank]).
+    const auto batches = static_cast<std::int64_t>(indices.size()) / o.batch_size;
     throughput.start_epoch();
-    for (std::int64_t b = 0; b < steps_per_epoch; ++b) {
-      const std::span<const std::int64_t> batch(indices.data() + b * o.batch_size,
-                                                static_cast<std::size_t>(o.batch_size));
-      sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
-      const BatchResult r = forward_backward(model, data, batch, sgd.gradient_buffers());
-      optimizer.step();
+    for (std::int64_t b = 0; b < batches; ++b) {
+      auto profiled_step = profiler.step(o.batch_size);  // dtrain: one step, phase by phase
+      {
+        auto phase = profiler.phase(dtrain::Phase::data);
+        const std::span<const std::int64_t> picked(indices.data() + b * o.batch_size,
+                                                   static_cast<std::size_t>(o.batch_size));
+        noise.clear();
+        for (std::size_t k = 0; o.jitter > 0 && k < picked.size() * kFeatures; ++k)
+          noise.push_back(static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
+        gather_batch(data, picked, noise, batch);
+      }
+      BatchResult r;
+      {
+        auto phase = profiler.phase(dtrain::Phase::forward);
+        r = forward(model, batch, activations);
+      }
+      {
+        auto phase = profiler.phase(dtrain::Phase::backward);
+        backward(model, batch, activations, sgd.gradient_buffers());
+      }
+      {
+        auto phase = profiler.phase(dtrain::Phase::communication_wait);
+        optimizer.synchronize();  // dtrain: average the gradients across ranks
+      }
+      {
+        auto phase = profiler.phase(dtrain::Phase::optimizer);
+        auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
+        sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
+        optimizer.step();
+      }
       metrics.add("loss", r.loss, static_cast<double>(batch.size()));
       metrics.add("accuracy", static_cast<double>(r.correct) / batch.size(),
                   static_cast<double>(batch.size()));
       throughput.add_samples(static_cast<std::int64_t>(batch.size()));
+      if (checkpoint && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && b + 1 < batches)
+        save(epoch, (b + 1) * o.batch_size);
+      if (step == o.crash_after_step && !resumed) {
+        // The checkpoints so far are on disk before the crash, so the restart's starting point is
+        // known: the newest one at or before this step.
+        if (checkpoint) checkpoint->wait();
+        dtrain::barrier();
+        if (rank == o.crash_rank) std::raise(SIGKILL);
+      }
     }
-    const auto m = metrics.average();  // dtrain: means over every rank's samples
-    const auto t = throughput.end_epoch();
-    if (rank == 0)  // dtrain: one rank prints
-      fmt::print("epoch {:3d} loss {:.4f} accuracy {:.3f} lr {:.4f} samples/s {:.0f}\n", epoch + 1,
-                 m.at("loss"), m.at("accuracy"), sgd.lr, t.samples_per_second);
+    if (batches > 0) {
+      const auto m = metrics.average();  // dtrain: means over every rank's samples
+      const auto t = throughput.end_epoch();
+      if (rank == 0)  // dtrain: one rank prints
+        fmt::print("epoch {:3d} loss {:.4f} accuracy {:.3f} lr {:.4f} samples/s {:.0f}\n",
+                   epoch + 1, m.at("loss"), m.at("accuracy"), sgd.lr, t.samples_per_second);
+    }
+    if (checkpoint) {
+      sampler.set_epoch(epoch + 1);  // saved as the start of the next epoch
+      save(epoch + 1, 0);
+    }
   }
+  if (checkpoint) checkpoint->wait();  // the last checkpoint is on disk (errors surface here)
+  if (rank == 0) fmt::print("final: step {} weights {:016x}\n", step, fingerprint(model));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dtrain::Session session(argc, argv);  // dtrain: start (and at scope exit stop) the runtime
+  const Options o = parse_options(argc, argv);
+  try {
+    return train(o);
+  } catch (const std::exception& e) {  // e.g. a checkpoint this job cannot resume from
+    std::fprintf(stderr, "plain_train: rank %d: %s\n", dtrain::rank(), e.what());
+    return 1;
+  }
 }

@@ -66,7 +66,8 @@ RequestMessage shutdown_message(int rank) {
 CoordinatorOptions options(int size = 3) {
   CoordinatorOptions o;
   o.size = size;
-  o.cycle_time_ms = 0;  // most tests look at planning, not batching
+  o.cycle_time_ms = 0;         // most tests look at planning, not batching
+  o.op_timeout_seconds = 0;    // nor at timeouts
   return o;
 }
 
@@ -692,11 +693,296 @@ TEST_CASE("shutdown") {
   }
 }
 
+TEST_CASE("a rank that rejects its own call fails the op on every rank at once") {
+  Request bad = tensor("w");
+  bad.rejected = "allreduce 'w': tensor data is null but it has 5 elements";
+  SUBCASE("peers that submitted it already fail now, naming the rank and the reason") {
+    Coordinator c(options());
+    c.on_message(message(0, {tensor("w")}), t0);
+    c.on_message(message(1, {bad}), t0);
+    auto out = c.poll(t0);
+    REQUIRE(out);
+    REQUIRE(out->responses.size() == 1);
+    const Response& s = out->responses[0];
+    CHECK(s.names == std::vector<std::string>{"w"});
+    CHECK(s.error == ErrorKind::invalid_argument);
+    CAPTURE(s.error_message);
+    CHECK(contains(s.error_message, "allreduce 'w' was rejected on rank 1"));
+    CHECK(contains(s.error_message, "null but it has 5 elements"));
+    CHECK(c.failed_remembered() == 1);  // rank 2 has not submitted it yet
+    // Rank 2 arrives later: it fails at once, and the verdict is then forgotten.
+    c.on_message(message(2, {tensor("w")}), t0 + 1s);
+    auto late = c.poll(t0 + 1s);
+    REQUIRE(late);
+    REQUIRE(late->responses.size() == 1);
+    CHECK(late->responses[0].error == ErrorKind::invalid_argument);
+    CHECK(contains(late->responses[0].error_message, "rejected on rank 1"));
+    CHECK(c.failed_remembered() == 0);
+    CHECK_FALSE(c.has_pending());
+    // The name's next submission is a new op.
+    submit_all(c, tensor("w"), t0 + 2s);
+    auto next = c.poll(t0 + 2s);
+    REQUIRE(next);
+    CHECK(next->responses.at(0).error == ErrorKind::none);
+  }
+  SUBCASE("a rejected member fails every member of its group") {
+    Coordinator c(options());
+    Request g0 = tensor("g.0"), g1 = tensor("g.1");
+    g0.group = g1.group = "g";
+    g0.group_size = g1.group_size = 2;
+    Request rejected = tensor("g.rejected");
+    rejected.group = "g";
+    rejected.rejected = "bad tensor";
+    c.on_message(message(0, {g0, g1}), t0);
+    c.on_message(message(1, {rejected}), t0);
+    auto out = c.poll(t0);
+    REQUIRE(out);
+    std::set<std::string> failed;
+    for (const auto& s : out->responses) {
+      CHECK(s.error == ErrorKind::invalid_argument);
+      CHECK(contains(s.error_message, "grouped_allreduce 'g' was rejected on rank 1: bad tensor"));
+      failed.insert(s.names.begin(), s.names.end());
+    }
+    CHECK(failed == std::set<std::string>{"g.0", "g.1", "g.rejected"});
+    c.on_message(message(2, {g0, g1}), t0);  // both members fail for rank 2 too
+    auto late = c.poll(t0);
+    REQUIRE(late);
+    CHECK(late->responses.size() == 2);
+    for (const auto& s : late->responses) CHECK(s.error == ErrorKind::invalid_argument);
+    CHECK(c.failed_remembered() == 0);
+  }
+}
+
+TEST_CASE("a verdict reaches only the ranks whose submission it concerns") {
+  // Every rank rejects 'w'; rank 0 submits 'w' again (a new op) before rank 1's rejection arrives.
+  Coordinator c(options(2));
+  Request bad = tensor("w");
+  bad.rejected = "bad";
+  c.on_message(message(0, {bad}), t0);
+  auto first = c.poll(t0);
+  REQUIRE(first);
+  CHECK(first->responses.at(0).error_ranks == std::vector<std::int32_t>{0});
+  c.on_message(message(0, {tensor("w")}), t0);  // rank 0's next op named 'w'
+  c.on_message(message(1, {bad}), t0);
+  auto second = c.poll(t0);
+  REQUIRE(second);
+  REQUIRE(second->responses.size() == 1);
+  CHECK(second->responses[0].error_ranks == std::vector<std::int32_t>{1});
+  CHECK_FALSE(second->responses[0].applies_to(0));  // rank 0's new 'w' is untouched
+  c.on_message(message(1, {tensor("w")}), t0);
+  auto third = c.poll(t0);
+  REQUIRE(third);
+  CHECK(third->responses.at(0).error == ErrorKind::none);
+}
+
+TEST_CASE("ranks that disagree on the size of a group fail every member on every rank") {
+  auto members = [](int n) {
+    std::vector<Request> out;
+    for (int i = 0; i < n; ++i) {
+      Request q = tensor("g." + std::to_string(i));
+      q.group = "g";
+      q.group_size = n;
+      out.push_back(q);
+    }
+    if (n == 0) {
+      Request q = tensor("g.empty", {0});
+      q.group = "g";
+      q.group_size = 0;
+      out.push_back(q);
+    }
+    return out;
+  };
+  for (int odd : {2, 0, 4}) {
+    CAPTURE(odd);
+    Coordinator c(options());
+    c.on_message(message(0, members(3)), t0);
+    c.on_message(message(1, members(odd)), t0);
+    auto out = c.poll(t0);
+    REQUIRE(out);
+    std::set<std::string> failed;
+    for (const auto& s : out->responses) {
+      CHECK(s.error == ErrorKind::mismatch);
+      CAPTURE(s.error_message);
+      CHECK(contains(s.error_message, "number of tensors in grouped_allreduce 'g'"));
+      CHECK(contains(s.error_message, "3 on ranks [0]"));
+      CHECK(contains(s.error_message, fmt::format("{} on ranks [1]", odd)));
+      failed.insert(s.names.begin(), s.names.end());
+    }
+    for (const auto& q : members(3)) CHECK(failed.contains(q.name));
+    for (const auto& q : members(odd)) CHECK(failed.contains(q.name));
+    CHECK_FALSE(c.has_pending());
+    // Rank 2, whatever it submits, fails at once.
+    c.on_message(message(2, members(3)), t0);
+    auto late = c.poll(t0);
+    REQUIRE(late);
+    CHECK(late->responses.size() == 3);
+    for (const auto& s : late->responses) CHECK(s.error == ErrorKind::mismatch);
+    CHECK(c.failed_remembered() == 0);
+    CHECK_FALSE(c.has_pending());
+  }
+}
+
+TEST_CASE("an op that waits longer than the op timeout fails with TimeoutError on every rank") {
+  CoordinatorOptions o = options();
+  o.op_timeout_seconds = 5;
+  Coordinator c(o);
+  c.on_message(message(0, {tensor("x")}), t0);
+  c.on_message(message(2, {tensor("x")}), t0 + 1s);
+  REQUIRE(c.next_deadline());
+  CHECK(*c.next_deadline() == t0 + 5s);
+  CHECK_FALSE(c.poll(t0 + 4s).has_value());
+  auto out = c.poll(t0 + 5s);
+  REQUIRE(out);
+  REQUIRE(out->responses.size() == 1);
+  const Response& s = out->responses[0];
+  CHECK(s.names == std::vector<std::string>{"x"});
+  CHECK(s.error == ErrorKind::timeout);
+  CAPTURE(s.error_message);
+  CHECK(contains(s.error_message, "allreduce 'x' timed out after 5 s"));
+  CHECK(contains(s.error_message, "DTRAIN_OP_TIMEOUT_SECONDS"));
+  CHECK(contains(s.error_message, "ranks [1] never submitted it"));
+  CHECK(contains(s.error_message, "submitted by ranks [0, 2]"));
+  // The straggler fails at once when it finally submits.
+  c.on_message(message(1, {tensor("x")}), t0 + 9s);
+  auto late = c.poll(t0 + 9s);
+  REQUIRE(late);
+  CHECK(late->responses.at(0).error == ErrorKind::timeout);
+  CHECK(c.failed_remembered() == 0);
+}
+
+TEST_CASE("join cannot strand the joined ranks") {
+  SUBCASE("a rank that shuts down without joining fails the join at once") {
+    Coordinator c(options());
+    c.on_message(join_message(0), t0);
+    c.on_message(join_message(1), t0);
+    CHECK_FALSE(c.poll(t0).has_value());
+    c.on_message(shutdown_message(2), t0);
+    auto out = c.poll(t0);
+    REQUIRE(out);
+    REQUIRE(out->responses.size() == 1);
+    const Response& j = out->responses[0];
+    CHECK(j.kind == OpKind::join);
+    CHECK(j.error == ErrorKind::shutdown);
+    CAPTURE(j.error_message);
+    CHECK(contains(j.error_message, "join() can never complete: ranks [2] called dtrain::shutdown()"));
+    CHECK(contains(j.error_message, "joined: ranks [0, 1]"));
+  }
+  SUBCASE("silent ranks are reported by the stall inspector and time the join out") {
+    CoordinatorOptions o = options();
+    o.stall_check_time_seconds = 2;
+    o.op_timeout_seconds = 10;
+    std::vector<std::string> warnings;
+    CoordinatorHooks hooks;
+    hooks.stall_warning = [&](const std::string& report) { warnings.push_back(report); };
+    Coordinator c(o, hooks);
+    c.on_message(join_message(0), t0);
+    // Rank 1 keeps working (its ops complete with rank 0 joined); rank 2 is silent.
+    c.on_message(message(1, {tensor("a")}), t0 + 1s);
+    CHECK_FALSE(c.poll(t0 + 1s).has_value());  // "a" waits for rank 2
+    CHECK(c.has_pending());
+    CHECK_FALSE(c.poll(t0 + 2500ms).has_value());
+    CHECK(warnings.empty());  // rank 1 was heard from at 1 s
+    CHECK_FALSE(c.poll(t0 + 3s).has_value());
+    REQUIRE_FALSE(warnings.empty());
+    CAPTURE(warnings.back());
+    CHECK(contains(warnings.back(), "join: joined by ranks [0], waiting for ranks [1, 2]"));
+    CHECK(contains(warnings.back(), "allreduce 'a'"));
+    // At the op timeout: "a" times out first (it was submitted 1 s after the join began).
+    auto out = c.poll(t0 + 11s);
+    REQUIRE(out);
+    bool join_failed = false;
+    for (const auto& s : out->responses)
+      if (s.kind == OpKind::join) {
+        join_failed = true;
+        CHECK(s.error == ErrorKind::timeout);
+        CHECK(contains(s.error_message, "join() timed out after 10 s"));
+        CHECK(contains(s.error_message, "ranks [1, 2] have neither joined nor submitted"));
+      }
+    CHECK(join_failed);
+    CHECK_FALSE(c.has_pending());
+  }
+  SUBCASE("a rank that keeps submitting keeps the join alive") {
+    CoordinatorOptions o = options();
+    o.op_timeout_seconds = 10;
+    Coordinator c(o);
+    c.on_message(join_message(0), t0);
+    c.on_message(join_message(1), t0);
+    for (int step = 1; step <= 5; ++step) {
+      c.on_message(message(2, {tensor("s" + std::to_string(step))}), t0 + step * 4s);
+      auto out = c.poll(t0 + step * 4s);
+      REQUIRE(out);
+      CHECK(out->responses.at(0).error == ErrorKind::none);
+    }
+    c.on_message(join_message(2), t0 + 21s);
+    auto out = c.poll(t0 + 21s);
+    REQUIRE(out);
+    CHECK(out->responses.at(0).kind == OpKind::join);
+    CHECK(out->responses.at(0).error == ErrorKind::none);
+    CHECK(out->responses.at(0).last_joined_rank == 2);
+  }
+  SUBCASE("Min, Max and Product with a joined rank: the host fills in identities, the device refuses") {
+    for (ReduceOp op : {ReduceOp::Min, ReduceOp::Max, ReduceOp::Product}) {
+      CAPTURE(to_string(op));
+      for (bool cuda : {false, true}) {
+        Coordinator c(options());
+        c.on_message(join_message(1), t0);
+        Request q = tensor("m");
+        q.reduce_op = op;
+        if (cuda) q.device = Device::cuda(0);
+        c.on_message(message(0, {q}), t0);
+        c.on_message(message(2, {q}), t0);
+        auto out = c.poll(t0);
+        REQUIRE(out);
+        const Response& s = out->responses.at(0);
+        if (!cuda) {
+          CHECK(s.error == ErrorKind::none);
+        } else {
+          CHECK(s.error == ErrorKind::invalid_argument);
+          CHECK(contains(s.error_message, "ranks [1] have joined"));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("stall inspector: shutdown works with the warning disabled, and one report covers a burst") {
+  CoordinatorOptions o = options();
+  o.stall_check_time_seconds = 1;
+  std::vector<std::string> warnings;
+  CoordinatorHooks hooks;
+  hooks.stall_warning = [&](const std::string& report) { warnings.push_back(report); };
+  SUBCASE("DTRAIN_STALL_CHECK_DISABLE silences warnings only") {
+    o.stall_check_disable = true;
+    o.stall_shutdown_time_seconds = 3;
+    Coordinator c(o, hooks);
+    c.on_message(message(0, {tensor("x")}), t0);
+    REQUIRE(c.next_deadline());
+    CHECK(*c.next_deadline() == t0 + 3s);
+    CHECK_FALSE(c.poll(t0 + 2s).has_value());
+    auto out = c.poll(t0 + 3s);
+    REQUIRE(out);
+    CHECK(contains(out->fatal, "stall shutdown"));
+    CHECK(contains(out->fatal, "missing on ranks [1, 2]"));
+    CHECK(warnings.empty());
+  }
+  SUBCASE("two ops stalled a millisecond apart give one report") {
+    Coordinator c(o, hooks);
+    c.on_message(message(0, {tensor("a")}), t0);
+    c.on_message(message(0, {tensor("b")}), t0 + 1ms);
+    for (auto t = t0; t < t0 + 1500ms; t += 1ms) (void)c.poll(t);
+    REQUIRE(warnings.size() == 1);
+    CHECK(contains(warnings[0], "allreduce 'a'"));
+    CHECK(contains(warnings[0], "allreduce 'b'"));
+    CHECK(contains(warnings[0], "DTRAIN_LOG_LEVEL=debug"));
+  }
+}
+
 TEST_CASE("messages survive the wire") {
   RequestMessage m = message(2, {tensor("a", {2, 5}, DataType::bfloat16)}, 7);
   m.requests[0].group = "grp";
   m.requests[0].group_size = 3;
   m.requests[0].prescale = 0.125;
+  m.requests[0].rejected = "why";
   m.cached = {4, 9};
   m.shutdown = true;
   auto back = decode<RequestMessage>(encode(m));
@@ -705,6 +991,7 @@ TEST_CASE("messages survive the wire") {
   REQUIRE(back.requests.size() == 1);
   CHECK(back.requests[0].name == "a");
   CHECK(back.requests[0].same_metadata(m.requests[0]));
+  CHECK(back.requests[0].rejected == "why");
   CHECK(back.cached == m.cached);
   CHECK(back.shutdown);
 
@@ -718,6 +1005,16 @@ TEST_CASE("messages survive the wire") {
   CHECK(r.responses[0].names == out->responses[0].names);
   REQUIRE(r.cache_inserts.size() == 1);
   CHECK(r.cache_inserts[0].id == out->cache_inserts[0].id);
+
+  Response e;
+  e.error = ErrorKind::timeout;
+  e.error_ranks = {0, 2};
+  ResponseMessage em;
+  em.responses.push_back(e);
+  auto eb = decode<ResponseMessage>(encode(em));
+  CHECK(eb.responses.at(0).error_ranks == std::vector<std::int32_t>{0, 2});
+  CHECK(eb.responses.at(0).applies_to(2));
+  CHECK_FALSE(eb.responses.at(0).applies_to(1));
 }
 
 }  // TEST_SUITE

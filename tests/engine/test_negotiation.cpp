@@ -291,7 +291,7 @@ TEST_CASE("local misuse is refused at submission, before any negotiation") {
   std::vector<float> v(4, 1.0f);
   CHECK_THROWS_AS(broadcast_async(v, size, "bad.root"), InvalidArgumentError);
   CHECK_THROWS_AS(alltoall_async(v, std::vector<int>(size + 1, 0), "bad.splits"), InvalidArgumentError);
-  // The refused names were never submitted anywhere, so using them now works on every rank.
+  // Every rank refused the same names, so they are settled: using them now starts new ops.
   allreduce(v, {.op = ReduceOp::Sum, .name = "int.avg"});
   CHECK(v == std::vector<float>(4, static_cast<float>(size)));
 }

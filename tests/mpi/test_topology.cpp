@@ -78,7 +78,8 @@ void check_layout(const std::string& layout, const std::function<std::string(int
   CHECK(dtrain::cross_size() == e.cross_size);
   CHECK(dtrain::is_homogeneous() == e.homogeneous);
 
-  const auto& t = dtrain::detail::runtime("test").topology;
+  const auto runtime = dtrain::detail::runtime("test");
+  const auto& t = runtime->topology;
   int comm_rank = -1, comm_size = -1;
   MPI_Comm_rank(t.local_comm, &comm_rank);
   MPI_Comm_size(t.local_comm, &comm_size);

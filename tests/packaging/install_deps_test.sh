@@ -57,7 +57,7 @@ EOF
 chmod +x "$work/bin/"*
 export PATH="$work/bin:$PATH"
 
-base=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3)
+base=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3 iproute2)
 failures=0
 fail() {
   echo "FAIL: $*" >&2
@@ -82,7 +82,7 @@ run
 [[ $out == *"nothing to do"* ]] || fail "all installed: unexpected output: $out"
 
 # Two missing: one update, then exactly those two, non-interactive, without recommends.
-reset build-essential cmake pkg-config mpich libmpich-dev python3
+reset build-essential cmake pkg-config mpich libmpich-dev python3 iproute2
 run
 [[ $status == 0 ]] || fail "two missing: exit $status: $out"
 expected="DEBIAN_FRONTEND=noninteractive apt-get update
@@ -103,6 +103,12 @@ run --torch
   fail "--torch: apt calls were: $(cat "$FAKE_LOG")"
 run
 [[ $(grep -c install "$FAKE_LOG") == 1 ]] || fail "without --torch nothing more is needed"
+
+# --browser adds Chromium, for the report's browser test.
+reset "${base[@]}"
+run --browser
+[[ $status == 0 && $(tail -n 1 "$FAKE_LOG") == *"--no-install-recommends chromium" ]] ||
+  fail "--browser: apt calls were: $(cat "$FAKE_LOG")"
 
 # --openmpi installs Open MPI on its own and puts the moved alternatives back; others untouched.
 reset "${base[@]}"

@@ -70,7 +70,7 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return c.stall_check_disable; }, {"disable"}},
       {"STALL_CHECK_TIME_SECONDS",
        [](const Config& c) { return c.stall_check_time_seconds == 60; }, "5.5",
-       [](const Config& c) { return c.stall_check_time_seconds == 5.5; }, {"0", "-1", "soon"}},
+       [](const Config& c) { return c.stall_check_time_seconds == 5.5; }, {"0", "-1", "soon", "0.5"}},
       {"STALL_SHUTDOWN_TIME_SECONDS",
        [](const Config& c) { return c.stall_shutdown_time_seconds == 0; }, "120",
        [](const Config& c) { return c.stall_shutdown_time_seconds == 120; },
@@ -84,7 +84,7 @@ const std::vector<KnobCase>& knob_cases() {
       {"PROFILE_INTERVAL_MS", [](const Config& c) { return c.profile_interval_ms == 500; }, "100",
        [](const Config& c) { return c.profile_interval_ms == 100; }, {"0", "-5"}},
       {"OP_TIMEOUT_SECONDS", [](const Config& c) { return c.op_timeout_seconds == 600; }, "0",
-       [](const Config& c) { return c.op_timeout_seconds == 0; }, {"-3", "1e10", "forever"}},
+       [](const Config& c) { return c.op_timeout_seconds == 0; }, {"-3", "1e10", "forever", "0.5"}},
       {"MPI_CHUNK_BYTES", [](const Config& c) { return c.mpi_chunk_bytes == 16777216; }, "4K",
        [](const Config& c) { return c.mpi_chunk_bytes == 4096; }, {"4095", "2G", "0"}},
       {"FUSION_PIPELINE", [](const Config& c) { return c.fusion_pipeline; }, "off",
@@ -188,8 +188,16 @@ TEST_CASE("error messages say what was wrong and what is accepted") {
         "DTRAIN_NUM_NCCL_STREAMS=\"65\" is too large (the limit is 64): expected an integer from "
         "1 to 64");
   CHECK(error_of(MapEnv{{"DTRAIN_OP_TIMEOUT_SECONDS", "inf"}}) ==
-        "DTRAIN_OP_TIMEOUT_SECONDS=\"inf\" is not a number: expected seconds as a non-negative "
-        "decimal, e.g. 600; 0 means no deadline");
+        "DTRAIN_OP_TIMEOUT_SECONDS=\"inf\" is not a number: expected seconds as a decimal, 0 for "
+        "no deadline or at least 1, e.g. 600");
+  // Absurdly short deadlines and stall checks are refused rather than failing every op or
+  // flooding the log.
+  CHECK(error_of(MapEnv{{"DTRAIN_OP_TIMEOUT_SECONDS", "1e-9"}}) ==
+        "DTRAIN_OP_TIMEOUT_SECONDS=\"1e-9\" is out of range: expected seconds as a decimal, 0 for "
+        "no deadline or at least 1, e.g. 600");
+  CHECK(contains(error_of(MapEnv{{"DTRAIN_STALL_CHECK_TIME_SECONDS", "1e-6"}}),
+                 "DTRAIN_STALL_CHECK_TIME_SECONDS=\"1e-6\" is out of range: expected seconds as a "
+                 "decimal of at least 1"));
   CHECK(contains(error_of(MapEnv{{"DTRAIN_OP_TIMEOUT_SECONDS", "2e9"}}),
                  "is too large (the limit is 1000000000)"));
 }
@@ -264,7 +272,9 @@ TEST_CASE("validate() names the field that was set in code") {
                  "Config::autotune_gaussian_process_noise = -0.5"));
   CHECK(contains(problem([](Config& c) { c.stall_check_time_seconds = 0; }),
                  "Config::stall_check_time_seconds = 0 is out of range: expected seconds as a "
-                 "positive decimal"));
+                 "decimal of at least 1"));
+  CHECK(contains(problem([](Config& c) { c.op_timeout_seconds = 0.5; }),
+                 "Config::op_timeout_seconds = 0.5 is out of range"));
   CHECK(contains(problem([](Config& c) { c.stall_shutdown_time_seconds = -1; }),
                  "Config::stall_shutdown_time_seconds = -1"));
   CHECK(contains(problem([](Config& c) { c.stall_shutdown_time_seconds = 10; }),

@@ -4,6 +4,7 @@
 // different orders. `_async` forms return a handle; sync forms wait on it. In-place ops
 // (allreduce, broadcast) write into the caller's tensor, which must stay alive and untouched until
 // the op completes.
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -79,6 +80,11 @@ Request describe(const T& t, OpKind kind, std::string name) {
 }
 
 inline void check_reduction(const Request& q, ReduceOp op, double prescale, double postscale) {
+  for (const auto& [label, factor] : {std::pair{"prescale", prescale}, std::pair{"postscale", postscale}})
+    if (!std::isfinite(factor))
+      throw InvalidArgumentError(fmt::format("dtrain: {} '{}': the {} factor is {}; scale factors "
+                                             "must be finite numbers",
+                                             to_string(q.kind), q.name, label, factor));
   if (!is_floating_point(q.dtype) && (op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0))
     throw InvalidArgumentError(fmt::format(
         "dtrain: {} '{}': {} on an integer tensor ({}): Average and scale factors are defined for "
@@ -91,9 +97,33 @@ inline void check_reduction(const Request& q, ReduceOp op, double prescale, doub
                                            to_string(q.kind), q.name, static_cast<int>(op)));
 }
 
-inline std::string name_or_generated(std::string_view given, OpKind kind, std::string_view caller) {
-  if (!given.empty()) return std::string(given);
-  return engine(caller).generate_name(kind);
+// An op about to be submitted: the engine it goes to and its name (given or generated).
+struct NamedOp {
+  std::shared_ptr<Engine> engine;
+  std::string name;
+  OpKind kind;
+  bool generated;
+  std::string group = {};  // grouped_allreduce: a rejection fails the whole group
+};
+
+inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view caller) {
+  auto eng = engine(caller);
+  const bool generated = given.empty();
+  std::string name = generated ? eng->generate_name(kind) : std::string(given);
+  return NamedOp{std::move(eng), std::move(name), kind, generated};
+}
+
+// Runs the local checks of `op`. One that fails submits the name as rejected, so the peers' ops of
+// that name fail at once instead of waiting for this rank (Note [Failed ops]), then rethrows.
+template <class F>
+decltype(auto) checked(const NamedOp& op, F&& checks) {
+  try {
+    if (op.generated) op.engine->check_unnamed_call_thread(op.kind, op.name);
+    return checks();
+  } catch (const InvalidArgumentError& e) {
+    op.engine->reject(op.name, op.kind, e.what(), op.group);
+    throw;
+  }
 }
 
 template <class T>
@@ -131,9 +161,12 @@ template <class T>
 Handle allreduce_async(T& tensor, const AllreduceOptions& options = {}) {
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    auto q = detail::describe(tensor, detail::OpKind::allreduce,
-                              detail::name_or_generated(options.name, detail::OpKind::allreduce, "allreduce"));
-    detail::check_reduction(q, options.op, options.prescale, options.postscale);
+    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "allreduce");
+    auto q = detail::checked(op, [&] {
+      auto q = detail::describe(tensor, op.kind, op.name);
+      detail::check_reduction(q, options.op, options.prescale, options.postscale);
+      return q;
+    });
     q.reduce_op = options.op;
     q.prescale = options.prescale;
     q.postscale = options.postscale;
@@ -141,7 +174,7 @@ Handle allreduce_async(T& tensor, const AllreduceOptions& options = {}) {
     e->data = traits_of<T>::mutable_data(tensor);
     e->stream = detail::stream_of(tensor);
     Handle h(e->state);
-    detail::engine("allreduce").submit(std::move(e));
+    op.engine->submit(std::move(e));
     return h;
   }
 }
@@ -158,15 +191,22 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
   using T = std::ranges::range_value_t<R>;
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    auto& eng = detail::engine("grouped_allreduce");
-    const std::string group = options.name.empty() ? eng.generate_name(detail::OpKind::allreduce)
-                                                   : options.name;
+    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "grouped_allreduce");
+    const std::string& group = op.name;
     const auto count = static_cast<std::int32_t>(std::ranges::distance(tensors));
     std::vector<std::shared_ptr<detail::Entry>> entries;
+    // A rejection fails the whole group on the peers (Note [Failed ops]).
+    detail::NamedOp member = op;
+    member.name = group + ".rejected";
+    member.group = group;
     std::int32_t i = 0;
     for (auto& t : tensors) {
-      auto q = detail::describe(t, detail::OpKind::allreduce, fmt::format("{}.{}", group, i++));
-      detail::check_reduction(q, options.op, options.prescale, options.postscale);
+      auto q = detail::checked(member, [&] {
+        auto q = detail::describe(t, op.kind, fmt::format("{}.{}", group, i));
+        detail::check_reduction(q, options.op, options.prescale, options.postscale);
+        return q;
+      });
+      ++i;
       q.reduce_op = options.op;
       q.prescale = options.prescale;
       q.postscale = options.postscale;
@@ -177,12 +217,22 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
       e->stream = detail::stream_of(t);
       entries.push_back(std::move(e));
     }
+    if (count == 0) {
+      // An empty group still takes part, so a rank whose group is not empty is told they differ.
+      detail::Request q;
+      q.name = group + ".empty";
+      q.kind = op.kind;
+      q.reduce_op = ReduceOp::Sum;
+      q.shape = {0};
+      q.group = group;
+      q.group_size = 0;
+      entries.push_back(detail::make_entry<void>(std::move(q)));
+    }
     // The group's handle completes when the last member does, with the first member error.
     auto all = std::make_shared<detail::OpState>();
-    auto remaining = std::make_shared<std::atomic<std::int32_t>>(count);
+    auto remaining = std::make_shared<std::atomic<std::int32_t>>(static_cast<std::int32_t>(entries.size()));
     auto first_error = std::make_shared<std::exception_ptr>();
     auto error_mutex = std::make_shared<std::mutex>();
-    if (count == 0) all->complete();
     for (auto& e : entries) {
       e->state->then = [all, remaining, first_error, error_mutex](std::exception_ptr err) {
         if (err) {
@@ -195,7 +245,7 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
         }
       };
     }
-    eng.submit_all(std::move(entries));
+    op.engine->submit_all(std::move(entries));
     return Handle(all);
   }
 }
@@ -213,12 +263,12 @@ ResultHandle<output_t<T>> allgather_async(const T& tensor, std::string_view name
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    auto q = detail::describe(tensor, detail::OpKind::allgather,
-                              detail::name_or_generated(name, detail::OpKind::allgather, "allgather"));
+    const auto op = detail::name_op(name, detail::OpKind::allgather, "allgather");
+    auto q = detail::checked(op, [&] { return detail::describe(tensor, op.kind, op.name); });
     auto e = detail::make_entry<T>(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);
-    detail::engine("allgather").submit(std::move(e));
+    op.engine->submit(std::move(e));
     return h;
   }
 }
@@ -234,19 +284,22 @@ template <class T>
 Handle broadcast_async(T& tensor, int root_rank, std::string_view name = {}) {
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    auto& eng = detail::engine("broadcast");
-    auto q = detail::describe(tensor, detail::OpKind::broadcast,
-                              detail::name_or_generated(name, detail::OpKind::broadcast, "broadcast"));
-    if (root_rank < 0 || root_rank >= eng.size())
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: broadcast '{}': root rank {} is out of range: the world has {} ranks (0..{})",
-          q.name, root_rank, eng.size(), eng.size() - 1));
+    const auto op = detail::name_op(name, detail::OpKind::broadcast, "broadcast");
+    auto q = detail::checked(op, [&] {
+      auto q = detail::describe(tensor, op.kind, op.name);
+      const int size = op.engine->size();
+      if (root_rank < 0 || root_rank >= size)
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: broadcast '{}': root rank {} is out of range: the world has {} ranks (0..{})",
+            q.name, root_rank, size, size - 1));
+      return q;
+    });
     q.root = root_rank;
     auto e = detail::make_entry<T>(std::move(q));
     e->data = traits_of<T>::mutable_data(tensor);
     e->stream = detail::stream_of(tensor);
     Handle h(e->state);
-    eng.submit(std::move(e));
+    op.engine->submit(std::move(e));
     return h;
   }
 }
@@ -266,27 +319,30 @@ ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& sp
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    auto& eng = detail::engine("alltoall");
-    auto q = detail::describe(tensor, detail::OpKind::alltoall,
-                              detail::name_or_generated(name, detail::OpKind::alltoall, "alltoall"));
+    const auto op = detail::name_op(name, detail::OpKind::alltoall, "alltoall");
     std::vector<std::int64_t> s;
     for (auto v : splits) s.push_back(static_cast<std::int64_t>(v));
-    std::int64_t sum = 0;
-    for (auto v : s) {
-      if (v < 0)
-        throw InvalidArgumentError(fmt::format("dtrain: alltoall '{}': negative split in [{}]",
-                                               q.name, fmt::join(s, ", ")));
-      sum += v;
-    }
-    if (static_cast<int>(s.size()) != eng.size())
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: alltoall '{}': {} splits given but the world has {} ranks: give one row count "
-          "per destination rank",
-          q.name, s.size(), eng.size()));
-    if (sum != q.dim0())
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: alltoall '{}': splits [{}] add up to {} rows but the tensor has {} rows (dim 0)",
-          q.name, fmt::join(s, ", "), sum, q.dim0()));
+    auto q = detail::checked(op, [&] {
+      auto q = detail::describe(tensor, op.kind, op.name);
+      std::int64_t sum = 0;
+      for (auto v : s) {
+        if (v < 0)
+          throw InvalidArgumentError(fmt::format("dtrain: alltoall '{}': negative split in [{}]",
+                                                 q.name, fmt::join(s, ", ")));
+        sum += v;
+      }
+      const int size = op.engine->size();
+      if (static_cast<int>(s.size()) != size)
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: alltoall '{}': {} splits given but the world has {} ranks: give one row "
+            "count per destination rank",
+            q.name, s.size(), size));
+      if (sum != q.dim0())
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: alltoall '{}': splits [{}] add up to {} rows but the tensor has {} rows (dim 0)",
+            q.name, fmt::join(s, ", "), sum, q.dim0()));
+      return q;
+    });
     auto e = detail::make_entry<T>(std::move(q));
     e->splits = std::move(s);
     auto result = std::make_shared<std::optional<AlltoallResult<T>>>();
@@ -301,7 +357,7 @@ ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& sp
       (*result)->received_splits = std::move(r);
     };
     ResultHandle<AlltoallResult<T>> h(e->state, result);
-    eng.submit(std::move(e));
+    op.engine->submit(std::move(e));
     return h;
   }
 }
@@ -322,14 +378,17 @@ ResultHandle<output_t<T>> reducescatter_async(const T& tensor, ReduceOp op = Red
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    auto q = detail::describe(tensor, detail::OpKind::reducescatter,
-                              detail::name_or_generated(name, detail::OpKind::reducescatter, "reducescatter"));
-    detail::check_reduction(q, op, 1.0, 1.0);
+    const auto named = detail::name_op(name, detail::OpKind::reducescatter, "reducescatter");
+    auto q = detail::checked(named, [&] {
+      auto q = detail::describe(tensor, named.kind, named.name);
+      detail::check_reduction(q, op, 1.0, 1.0);
+      return q;
+    });
     q.reduce_op = op;
     auto e = detail::make_entry<T>(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);
-    detail::engine("reducescatter").submit(std::move(e));
+    named.engine->submit(std::move(e));
     return h;
   }
 }
@@ -343,15 +402,16 @@ output_t<T> reducescatter(const T& tensor, ReduceOp op = ReduceOp::Average,
 // ---- barrier and join -------------------------------------------------------------------------
 
 inline Handle barrier_async(std::string_view name = {}) {
-  auto& eng = detail::engine("barrier");
+  const auto op = detail::name_op(name, detail::OpKind::barrier, "barrier");
+  detail::checked(op, [] {});
   detail::Request q;
-  q.kind = detail::OpKind::barrier;
-  q.name = name.empty() ? eng.generate_name(detail::OpKind::barrier) : std::string(name);
+  q.kind = op.kind;
+  q.name = op.name;
   q.dtype = DataType::uint8;
   q.shape = {0};
   auto e = detail::make_entry<void>(std::move(q));
   Handle h(e->state);
-  eng.submit(std::move(e));
+  op.engine->submit(std::move(e));
   return h;
 }
 inline void barrier() { barrier_async().wait(); }
@@ -360,7 +420,7 @@ inline void barrier() { barrier_async().wait(); }
 // taking part in allreduce (contributing zeros: Average divides by the ranks that did not join),
 // allgather (contributing no rows) and broadcast. Returns the last rank to join.
 inline int join() {
-  auto& eng = detail::engine("join");
+  auto eng = detail::engine("join");
   detail::Request q;
   q.kind = detail::OpKind::join;
   q.name = "join";
@@ -368,7 +428,7 @@ inline int join() {
   q.shape = {0};
   auto e = detail::make_entry<void>(std::move(q));
   auto state = e->state;
-  eng.submit(std::move(e));
+  eng->submit(std::move(e));
   state->wait();
   return static_cast<int>(state->int_result);
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "dtrain/comm/reduce_op.hpp"
@@ -108,6 +109,36 @@ inline void scale_copy(DataType dtype, const void* src, void* dst, std::int64_t 
 
 inline void scale_in_place(DataType dtype, void* data, std::int64_t n, double factor) {
   scale_copy(dtype, data, data, n, factor);
+}
+
+// Fills `n` elements with the identity of `op`, so a rank with nothing of its own (it joined)
+// leaves the reduction of the others unchanged: 0 for Sum and Average, 1 for Product, the largest
+// value (+inf for floats) for Min and the smallest (-inf) for Max.
+inline void fill_identity(DataType dtype, ReduceOp op, void* data, std::int64_t n) {
+  if (n <= 0) return;
+  if (op == ReduceOp::Sum || op == ReduceOp::Average) {
+    std::memset(data, 0, static_cast<std::size_t>(n) * element_size(dtype));
+    return;
+  }
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T value{};
+    if constexpr (is_half_v<T>) {
+      const float f = op == ReduceOp::Product ? 1.0f
+                      : op == ReduceOp::Min   ? std::numeric_limits<float>::infinity()
+                                              : -std::numeric_limits<float>::infinity();
+      value = from_f32<T>(f);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      value = op == ReduceOp::Product ? T(1)
+              : op == ReduceOp::Min   ? std::numeric_limits<T>::infinity()
+                                      : -std::numeric_limits<T>::infinity();
+    } else {
+      value = op == ReduceOp::Product ? T(1)
+              : op == ReduceOp::Min   ? std::numeric_limits<T>::max()
+                                      : std::numeric_limits<T>::lowest();
+    }
+    std::fill_n(static_cast<T*>(data), n, value);
+  });
 }
 
 }  // namespace dtrain::detail

@@ -80,6 +80,7 @@ struct FloatKnob {
   bool min_exclusive;
   double max;
   std::string_view expected;
+  double floor_unless_zero = 0;  // > 0: the value is 0 or at least this
 };
 
 struct BoolKnob {
@@ -138,9 +139,10 @@ void for_each_knob(Visitor&& visit) {
                   &Config::autotune_gaussian_process_noise, 0, false, float_knob_max,
                   "a non-negative decimal, e.g. 0.8"});
   visit(BoolKnob{"STALL_CHECK_DISABLE", "stall_check_disable", &Config::stall_check_disable});
+  // At least a second: the check runs at most that often, and shorter checks only flood the log.
   visit(FloatKnob{"STALL_CHECK_TIME_SECONDS", "stall_check_time_seconds",
-                  &Config::stall_check_time_seconds, 0, true, float_knob_max,
-                  "seconds as a positive decimal, e.g. 60"});
+                  &Config::stall_check_time_seconds, 1, false, float_knob_max,
+                  "seconds as a decimal of at least 1, e.g. 60"});
   visit(FloatKnob{"STALL_SHUTDOWN_TIME_SECONDS", "stall_shutdown_time_seconds",
                   &Config::stall_shutdown_time_seconds, 0, false, float_knob_max,
                   "seconds as a non-negative decimal, 0 to never shut down, otherwise at least "
@@ -151,9 +153,10 @@ void for_each_knob(Visitor&& visit) {
   visit(StringKnob{"PROFILE", "profile_dir", &Config::profile_dir});
   visit(FloatKnob{"PROFILE_INTERVAL_MS", "profile_interval_ms", &Config::profile_interval_ms, 0,
                   true, float_knob_max, "milliseconds as a positive decimal, e.g. 500"});
+  // Shorter than a second, an op times out before ranks on a busy machine can even negotiate it.
   visit(FloatKnob{"OP_TIMEOUT_SECONDS", "op_timeout_seconds", &Config::op_timeout_seconds, 0,
                   false, float_knob_max,
-                  "seconds as a non-negative decimal, e.g. 600; 0 means no deadline"});
+                  "seconds as a decimal, 0 for no deadline or at least 1, e.g. 600", 1});
   visit(IntKnob<std::int64_t>{"MPI_CHUNK_BYTES", "mpi_chunk_bytes", &Config::mpi_chunk_bytes,
                               4096, std::int64_t{1} << 30,
                               "bytes from 4096 (4K) to 1073741824 (1G) with an optional K, M or "
@@ -193,6 +196,7 @@ std::string range_problem(const IntKnob<T>& knob, std::int64_t value) {
 
 inline bool in_range(const FloatKnob& knob, double value) {
   if (!std::isfinite(value) || value > knob.max) return false;
+  if (knob.floor_unless_zero > 0 && value != 0 && value < knob.floor_unless_zero) return false;
   return knob.min_exclusive ? value > knob.min : value >= knob.min;
 }
 
@@ -394,5 +398,22 @@ inline void Config::validate() const {
 }
 
 inline Config Config::from_env() { return detail::config_from_env(detail::ProcessEnv()); }
+
+namespace detail {
+
+// The fields in which `requested` differs from `running`, as "Config::x = a (running) vs b".
+inline std::vector<std::string> config_differences(const Config& running, const Config& requested) {
+  std::vector<std::string> out;
+  for_each_knob([&](const auto& knob) {
+    const auto& a = running.*knob.member;
+    const auto& b = requested.*knob.member;
+    if (!(a == b))
+      out.push_back(fmt::format("Config::{} = {} (running) vs {} (requested)", knob.field,
+                                format_value(a), format_value(b)));
+  });
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace dtrain

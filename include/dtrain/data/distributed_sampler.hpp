@@ -15,6 +15,9 @@
 // Every rank must construct the sampler with the same dataset_size, shuffle, seed and drop_last
 // and call set_epoch() with the same epoch; the order is then identical everywhere
 // (Note [Portable shuffling] in permutation.hpp).
+//
+// state() and load_state() carry the position within an epoch across a restart, also to another
+// number of ranks (Note [Sampler position] in sampler_state.hpp).
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -23,6 +26,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/data/permutation.hpp"
+#include "dtrain/data/sampler_state.hpp"
 
 namespace dtrain {
 
@@ -66,18 +70,74 @@ class DistributedSampler {
   }
 
   // Selects the epoch's order. Call it at the start of every epoch with the same value on every
-  // rank; without it every epoch repeats epoch 0's order.
+  // rank; without it every epoch repeats epoch 0's order. An epoch other than the current one
+  // starts at its beginning; the current one keeps the position load_state() gave it.
   void set_epoch(std::int64_t epoch) {
     if (epoch < 0) {
       throw InvalidArgumentError(
           fmt::format("DistributedSampler::set_epoch: epoch must be >= 0, got {}", epoch));
     }
+    if (epoch != epoch_) start_ = 0;
     epoch_ = epoch;
+  }
+
+  // The position after this rank has taken the first `taken` entries of indices(); every rank
+  // passes the same count (they take batches in lockstep).
+  SamplerState state(std::int64_t taken) const {
+    if (taken < 0 || taken > remaining()) {
+      throw InvalidArgumentError(fmt::format(
+          "DistributedSampler::state: taken must be in [0, {}] (the samples indices() hands out "
+          "in this epoch), got {}",
+          remaining(), taken));
+    }
+    SamplerState s;
+    s.dataset_size = dataset_size_;
+    s.seed = seed_;
+    s.shuffle = shuffle_;
+    s.drop_last = drop_last_;
+    s.epoch = epoch_;
+    s.position = start_ + taken * num_replicas_;
+    s.num_replicas = num_replicas_;
+    return s;
+  }
+
+  // Continues from a saved position: selects its epoch, and indices() then hands out the rest of
+  // that epoch's order, re-sharded over this sampler's num_replicas if it differs from the saved
+  // one (Note [Sampler position]). The dataset size, shuffle, seed and drop_last must match the
+  // saved ones, or the order would not be the same.
+  void load_state(const SamplerState& s) {
+    auto mismatch = [&](const char* field, const auto& saved, const auto& mine) {
+      return InvalidArgumentError(fmt::format(
+          "dtrain: DistributedSampler::load_state: the saved sampler has {} {}, this one has {}: "
+          "construct it with the dataset_size, shuffle, seed and drop_last of the run that saved "
+          "it (or start that epoch afresh)",
+          field, saved, mine));
+    };
+    if (s.dataset_size != dataset_size_) throw mismatch("dataset_size", s.dataset_size, dataset_size_);
+    if (s.seed != seed_) throw mismatch("seed", s.seed, seed_);
+    if (s.shuffle != shuffle_) throw mismatch("shuffle", s.shuffle, shuffle_);
+    if (s.drop_last != drop_last_) throw mismatch("drop_last", s.drop_last, drop_last_);
+    if (s.epoch < 0 || s.position < 0) {
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedSampler::load_state: epoch {} and position {} must be >= 0",
+          s.epoch, s.position));
+    }
+    epoch_ = s.epoch;
+    start_ = s.position;
+  }
+
+  // Samples indices() hands out in the current epoch: size(), or fewer after load_state(). The
+  // same on every rank.
+  std::int64_t remaining() const noexcept {
+    if (start_ == 0) return num_samples_;
+    if (start_ >= dataset_size_) return 0;
+    const std::int64_t rest = dataset_size_ - start_;
+    return drop_last_ ? rest / num_replicas_ : rest / num_replicas_ + (rest % num_replicas_ != 0);
   }
 
   std::int64_t epoch() const noexcept { return epoch_; }
 
-  // Samples per rank per epoch; the same on every rank.
+  // Samples per rank in a whole epoch; the same on every rank.
   std::int64_t size() const noexcept { return num_samples_; }
 
   std::int64_t dataset_size() const noexcept { return dataset_size_; }
@@ -87,7 +147,8 @@ class DistributedSampler {
   std::uint64_t seed() const noexcept { return seed_; }
   bool drop_last() const noexcept { return drop_last_; }
 
-  // This rank's sample indices for the current epoch, size() of them.
+  // This rank's sample indices for the current epoch, remaining() of them (size() unless
+  // load_state() moved into the epoch).
   std::vector<std::int64_t> indices() const {
     std::vector<std::int64_t> order;
     if (shuffle_) {
@@ -97,11 +158,12 @@ class DistributedSampler {
       order = detail::identity_permutation(dataset_size_);
     }
     // Position p of the padded (or truncated) global list is order[p mod N]; only this rank's
-    // positions rank, rank+R, ... are materialized.
+    // positions start+rank, start+rank+R, ... are materialized.
+    const std::int64_t count = remaining();
     std::vector<std::int64_t> mine;
-    mine.reserve(static_cast<std::size_t>(num_samples_));
-    for (std::int64_t k = 0; k < num_samples_; ++k) {
-      const std::int64_t position = rank_ + k * num_replicas_;
+    mine.reserve(static_cast<std::size_t>(count));
+    for (std::int64_t k = 0; k < count; ++k) {
+      const std::int64_t position = start_ + rank_ + k * num_replicas_;
       mine.push_back(order[static_cast<std::size_t>(position % dataset_size_)]);
     }
     return mine;
@@ -126,6 +188,7 @@ class DistributedSampler {
   bool drop_last_;
   std::int64_t num_samples_ = 0;
   std::int64_t epoch_ = 0;
+  std::int64_t start_ = 0;  // global position the current epoch continues from
 };
 
 }  // namespace dtrain

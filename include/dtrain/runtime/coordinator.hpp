@@ -21,6 +21,23 @@
 // mirror changes in the same order; an evicted id stays resolvable ("retired") until every rank
 // has applied the message that evicted it, so a rank that sent an id just before learning of its
 // eviction is still understood.
+//
+// Note [Failed ops]
+// An op can fail before every rank has submitted it: a rank rejected its own call (a local argument
+// error: it submits the name with the reason instead of the tensor, so the others do not wait for
+// it and generated names stay in step), the ranks disagree on the size of a group, or the op waited
+// longer than DTRAIN_OP_TIMEOUT_SECONDS for ranks that never submitted it. The coordinator then
+// fails the op at once on the ranks that submitted it and remembers the verdict until every rank
+// has submitted the name once (or shut down), so a rank that arrives later fails at once with the
+// same error instead of waiting for peers that have moved on. A name's next submission by the
+// same rank is a new op.
+//
+// Note [Join]
+// A rank that joined takes part in every allreduce, allgather and broadcast with nothing of its own
+// until every rank has joined. The join is waiting on the ranks that have not joined; it stalls
+// when all of them have gone quiet (no request for the stall check time), it times out after
+// DTRAIN_OP_TIMEOUT_SECONDS of such silence, and it fails at once when one of them shuts down
+// without joining, so neither a stalled peer nor a shut-down one leaves the joined ranks waiting.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -49,6 +66,7 @@ struct CoordinatorOptions {
   bool stall_check_disable = false;
   double stall_check_time_seconds = 60;
   double stall_shutdown_time_seconds = 0;
+  double op_timeout_seconds = 600;  // 0: none (Note [Failed ops])
 };
 
 struct CoordinatorStats {
@@ -70,20 +88,26 @@ class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions o, CoordinatorHooks hooks = {})
       : opt_(o), hooks_(std::move(hooks)), joined_(o.size, false), shut_down_(o.size, false),
-        applied_(o.size, 0) {}
+        applied_(o.size, 0), last_heard_(o.size) {}
 
   void on_message(const RequestMessage& m, Clock::time_point now) {
     const int r = m.rank;
     applied_[r] = std::max(applied_[r], m.responses_applied);
+    if (!m.cached.empty() || !m.requests.empty()) last_heard_[r] = now;
     for (auto id : m.cached) {
       Request q = resolve_cached(id);
       ++stats_.cache_hits;
       add_request(r, std::move(q), now);
     }
     for (const auto& q : m.requests) add_request(r, q, now);
+    // A rank submits all members of a group in one message, so a failed group is settled for it
+    // once the whole message has been read.
+    for (const auto& [group, k] : settling_) settle(failed_groups_, group, k);
+    settling_.clear();
     if (m.shutdown && !shut_down_[r]) {
       shut_down_[r] = true;
       ++shut_down_count_;
+      settle_failed_for_shut_down_rank(r);
     }
     retire_cache_entries();
   }
@@ -93,16 +117,10 @@ class Coordinator {
     ResponseMessage msg;
     check_stalls(now, msg);
     if (!msg.fatal.empty()) return finish(std::move(msg));
-    fail_ops_waiting_for_shut_down_ranks();
+    fail_ops_waiting_for_shut_down_ranks(now);
+    time_out_ops(now);
     if (!ready_.empty() && due(now)) plan(msg);
-    if (joined_count_ == opt_.size && opt_.size > 0) {
-      Response j;
-      j.kind = OpKind::join;
-      j.last_joined_rank = last_joined_;
-      msg.responses.push_back(std::move(j));
-      std::fill(joined_.begin(), joined_.end(), false);
-      joined_count_ = 0;
-    }
+    check_join(now, msg);
     if (shut_down_count_ == opt_.size && !shutdown_announced_) {
       msg.shutdown_complete = true;
       shutdown_announced_ = true;
@@ -111,20 +129,33 @@ class Coordinator {
     return finish(std::move(msg));
   }
 
-  // When poll() has something time-driven to do (a batching window closing, a stall check).
+  // When poll() has something time-driven to do (a batching window closing, a stall check, a
+  // timeout).
   std::optional<Clock::time_point> next_deadline() const {
     std::optional<Clock::time_point> t;
     auto earliest = [&](Clock::time_point c) { if (!t || c < *t) t = c; };
     if (!ready_.empty()) earliest(first_ready_ + cycle());
-    if (!table_.empty() && !opt_.stall_check_disable) {
-      for (const auto& [name, p] : table_) earliest(p.last_warned + stall_check());
+    for (const auto& [name, p] : table_) {
+      if (!opt_.stall_check_disable) earliest(p.last_warned + stall_check());
+      if (opt_.stall_shutdown_time_seconds > 0) earliest(p.first_seen + stall_shutdown());
+      if (opt_.op_timeout_seconds > 0) earliest(p.first_seen + op_timeout());
+    }
+    if (joined_count_ > 0) {
+      const Clock::time_point quiet = join_quiet_since();
+      if (!opt_.stall_check_disable) earliest(std::max(quiet, join_last_warned_) + stall_check());
+      if (opt_.stall_shutdown_time_seconds > 0) earliest(quiet + stall_shutdown());
+      if (opt_.op_timeout_seconds > 0) earliest(quiet + op_timeout());
     }
     return t;
   }
 
-  bool has_pending() const noexcept { return !table_.empty() || !ready_.empty(); }
+  bool has_pending() const noexcept {
+    return !table_.empty() || !ready_.empty() || joined_count_ > 0;
+  }
   const CoordinatorStats& stats() const noexcept { return stats_; }
   std::size_t cache_size() const noexcept { return cache_.size(); }
+  // Verdicts still waiting for ranks that have not submitted the name (Note [Failed ops]).
+  std::size_t failed_remembered() const noexcept { return failed_.size() + failed_groups_.size(); }
 
   // Human-readable list of what is pending and who is missing (stall warnings, shutdown errors).
   std::string pending_report(Clock::time_point now, std::size_t max_items = 20) const {
@@ -133,6 +164,13 @@ class Coordinator {
     std::sort(items.begin(), items.end(),
               [](auto* a, auto* b) { return a->second.first_seen < b->second.first_seen; });
     std::string out;
+    if (joined_count_ > 0) {
+      out += fmt::format("\n  join: joined by ranks [{}], waiting for ranks [{}], from which no "
+                         "request has come for {:.1f} s",
+                         fmt::join(ranks_where(joined_, true), ", "),
+                         fmt::join(ranks_where(joined_, false), ", "),
+                         seconds(now - join_quiet_since()));
+    }
     std::size_t shown = 0;
     for (auto* kv : items) {
       if (shown++ == max_items) {
@@ -140,11 +178,9 @@ class Coordinator {
         break;
       }
       const auto& p = kv->second;
-      std::vector<int> missing, present;
-      for (int r = 0; r < opt_.size; ++r) (p.per_rank[r] ? present : missing).push_back(r);
       out += fmt::format("\n  {} '{}': submitted by ranks [{}], missing on ranks [{}], waiting {:.1f} s",
-                         to_string(p.kind), kv->first, fmt::join(present, ", "),
-                         fmt::join(missing, ", "), seconds(now - p.first_seen));
+                         to_string(p.kind), kv->first, fmt::join(present_ranks(p), ", "),
+                         fmt::join(missing_ranks(p), ", "), seconds(now - p.first_seen));
     }
     return out;
   }
@@ -162,15 +198,54 @@ class Coordinator {
     Request meta;
     std::list<std::string>::iterator lru;
   };
+  struct Ready {
+    Request request;                 // canonical: the first submitting rank's request
+    std::vector<std::int64_t> rank_rows;
+    std::int32_t contributors = 0;
+    ErrorKind error = ErrorKind::none;
+    std::string message;
+    std::vector<std::int32_t> error_ranks;  // empty: every rank
+  };
+  // A verdict remembered for the ranks that have not submitted the name yet (Note [Failed ops]).
+  struct Failed {
+    ErrorKind error = ErrorKind::none;
+    std::string message;
+    std::vector<bool> settled;  // per rank: has submitted the name (or shut down)
+  };
+  // What each rank said about the size of a group still being negotiated.
+  struct GroupSizes {
+    std::vector<std::optional<std::int32_t>> per_rank;
+  };
 
   static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+  static Clock::duration from_seconds(double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  }
   Clock::duration cycle() const {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double, std::milli>(opt_.cycle_time_ms));
   }
-  Clock::duration stall_check() const {
-    return std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(opt_.stall_check_time_seconds));
+  Clock::duration stall_check() const { return from_seconds(opt_.stall_check_time_seconds); }
+  Clock::duration stall_shutdown() const { return from_seconds(opt_.stall_shutdown_time_seconds); }
+  Clock::duration op_timeout() const { return from_seconds(opt_.op_timeout_seconds); }
+
+  static std::vector<int> ranks_where(const std::vector<bool>& flags, bool value) {
+    std::vector<int> out;
+    for (std::size_t r = 0; r < flags.size(); ++r)
+      if (flags[r] == value) out.push_back(static_cast<int>(r));
+    return out;
+  }
+  std::vector<std::int32_t> present_ranks(const Pending& p) const {
+    std::vector<std::int32_t> out;
+    for (int r = 0; r < opt_.size; ++r)
+      if (p.per_rank[r]) out.push_back(r);
+    return out;
+  }
+  std::vector<int> missing_ranks(const Pending& p) const {
+    std::vector<int> out;
+    for (int r = 0; r < opt_.size; ++r)
+      if (!p.per_rank[r]) out.push_back(r);
+    return out;
   }
 
   Request resolve_cached(std::uint64_t id) const {
@@ -182,18 +257,19 @@ class Coordinator {
   void add_request(int r, Request q, Clock::time_point now) {
     ++stats_.requests;
     if (q.kind == OpKind::join) {
-      if (!joined_[r]) {
-        joined_[r] = true;
-        ++joined_count_;
-        last_joined_ = r;
-      }
-      // Ops that were waiting only for this rank may now be ready.
-      std::vector<std::string> now_ready;
-      for (auto& [name, p] : table_)
-        if (is_ready(p)) now_ready.push_back(name);
-      for (auto& name : now_ready) make_ready(name, now);
+      add_join(r, now);
       return;
     }
+    if (settle_failed(r, q, now)) return;
+    if (!q.rejected.empty()) {
+      fail_arriving(r, q, ErrorKind::invalid_argument,
+                    fmt::format("dtrain: {} '{}' was rejected on rank {}: {}",
+                                q.group.empty() ? to_string(q.kind) : "grouped_allreduce",
+                                q.group.empty() ? q.name : q.group, r, q.rejected),
+                    now);
+      return;
+    }
+    if (!q.group.empty() && !check_group_size(r, q, now)) return;
     auto [it, inserted] = table_.try_emplace(q.name);
     Pending& p = it->second;
     if (inserted) {
@@ -208,6 +284,175 @@ class Coordinator {
     if (is_ready(p)) make_ready(it->first, now);
   }
 
+  void add_join(int r, Clock::time_point now) {
+    if (!joined_[r]) {
+      if (joined_count_ == 0) {
+        join_started_ = now;
+        join_last_warned_ = now;
+      }
+      joined_[r] = true;
+      ++joined_count_;
+      last_joined_ = r;
+    }
+    // Ops that were waiting only for this rank may now be ready.
+    std::vector<std::string> now_ready;
+    for (auto& [name, p] : table_)
+      if (is_ready(p)) now_ready.push_back(name);
+    for (auto& name : now_ready) make_ready(name, now);
+  }
+
+  // A rank submitting a name whose op has already failed gets the same error at once.
+  bool settle_failed(int r, const Request& q, Clock::time_point now) {
+    if (auto it = failed_.find(q.name); it != failed_.end() && !it->second.settled[r]) {
+      push_error(q, it->second.error, it->second.message, {r}, now);
+      settle(failed_, q.name, r);
+      return true;
+    }
+    if (q.group.empty()) return false;
+    auto g = failed_groups_.find(q.group);
+    if (g == failed_groups_.end() || g->second.settled[r]) return false;
+    push_error(q, g->second.error, g->second.message, {r}, now);
+    settling_.emplace_back(q.group, r);
+    return true;
+  }
+
+  static bool all_settled(const Failed& f) {
+    return std::all_of(f.settled.begin(), f.settled.end(), [](bool b) { return b; });
+  }
+  static void settle(std::unordered_map<std::string, Failed>& verdicts, const std::string& key, int r) {
+    auto it = verdicts.find(key);
+    if (it == verdicts.end()) return;
+    it->second.settled[r] = true;
+    if (all_settled(it->second)) verdicts.erase(it);
+  }
+  void remember(std::unordered_map<std::string, Failed>& verdicts, const std::string& key, Failed f) {
+    for (int k = 0; k < opt_.size; ++k) f.settled[k] = f.settled[k] || shut_down_[k];
+    if (!all_settled(f)) verdicts[key] = std::move(f);
+  }
+
+  // Ranks must agree on the number of members of a group; a disagreement fails the whole group
+  // on every rank (Note [Failed ops]). Returns false when the group has failed.
+  bool check_group_size(int r, const Request& q, Clock::time_point now) {
+    GroupSizes& g = group_sizes_[q.group];
+    if (g.per_rank.empty()) g.per_rank.resize(opt_.size);
+    if (!g.per_rank[r]) g.per_rank[r] = q.group_size;
+    for (int k = 0; k < opt_.size; ++k) {
+      if (!g.per_rank[k] || *g.per_rank[k] == q.group_size) continue;
+      std::map<std::int32_t, std::vector<int>> by_size;
+      for (int j = 0; j < opt_.size; ++j)
+        if (g.per_rank[j]) by_size[*g.per_rank[j]].push_back(j);
+      std::string values;
+      for (const auto& [n, ranks] : by_size)
+        values += fmt::format("{}{} on ranks [{}]", values.empty() ? "" : "; ", n, fmt::join(ranks, ", "));
+      fail_group(q.group, ErrorKind::mismatch,
+                 fmt::format("dtrain: ranks disagree on the number of tensors in grouped_allreduce "
+                             "'{}': {}. Every rank must pass the same number of tensors.",
+                             q.group, values),
+                 r, &q, now);
+      return false;
+    }
+    return true;
+  }
+
+  // Fails every member of `group` on every rank. `arriving` (from rank r, whose message is still
+  // being read) is a member not in the table yet; r is -1 when nothing is arriving.
+  void fail_group(const std::string& group, ErrorKind error, const std::string& message, int r,
+                  const Request* arriving, Clock::time_point now) {
+    Failed f{error, message, std::vector<bool>(opt_.size, false)};
+    if (auto g = group_sizes_.find(group); g != group_sizes_.end()) {
+      // A rank that stated the group's size has submitted all its members already.
+      for (int k = 0; k < opt_.size; ++k) f.settled[k] = k != r && g->second.per_rank[k].has_value();
+      group_sizes_.erase(g);
+    }
+    std::vector<std::string> names;
+    for (const auto& [name, p] : table_)
+      if (p.per_rank[first_present(p)]->group == group) names.push_back(name);
+    for (const auto& name : names) {
+      auto node = table_.extract(name);
+      auto ranks = present_ranks(node.mapped());
+      if (arriving && arriving->name == name) ranks.push_back(r);
+      push_error(*node.mapped().per_rank[first_present(node.mapped())], error, message,
+                 std::move(ranks), now);
+    }
+    bool arriving_ready = false;
+    if (auto g = groups_.find(group); g != groups_.end()) {
+      for (auto& member : g->second) {
+        push_error(member.request, error, message, {}, now);  // ready: every rank has it
+        arriving_ready |= arriving && arriving->name == member.request.name;
+      }
+      groups_.erase(g);
+    }
+    const bool arriving_seen = arriving && (arriving_ready || std::find(names.begin(), names.end(), arriving->name) != names.end());
+    if (arriving && !arriving_seen) push_error(*arriving, error, message, {r}, now);
+    if (r >= 0) settling_.emplace_back(group, r);
+    if (r >= 0) failed_groups_[group] = std::move(f);  // settled for r once its message is read
+    else remember(failed_groups_, group, std::move(f));
+  }
+
+  // Fails op `q.name`, which rank r has just submitted, on every rank that submitted it or will.
+  void fail_arriving(int r, const Request& q, ErrorKind error, const std::string& message,
+                     Clock::time_point now) {
+    if (!q.group.empty()) {
+      fail_group(q.group, error, message, r, &q, now);
+      return;
+    }
+    Failed f{error, message, std::vector<bool>(opt_.size, false)};
+    std::vector<std::int32_t> ranks;
+    if (auto it = table_.find(q.name); it != table_.end()) {
+      for (int k = 0; k < opt_.size; ++k) f.settled[k] = it->second.per_rank[k].has_value();
+      ranks = present_ranks(it->second);
+      table_.erase(it);
+    }
+    f.settled[r] = true;
+    ranks.push_back(r);
+    push_error(q, error, message, std::move(ranks), now);
+    remember(failed_, q.name, std::move(f));
+  }
+
+  // Fails a pending op on every rank that submitted it or will.
+  void fail_pending(const std::string& name, ErrorKind error, const std::string& message,
+                    Clock::time_point now) {
+    auto it = table_.find(name);
+    if (it == table_.end()) return;
+    const Request q = *it->second.per_rank[first_present(it->second)];
+    if (!q.group.empty()) {
+      fail_group(q.group, error, message, -1, nullptr, now);
+      return;
+    }
+    Failed f{error, message, std::vector<bool>(opt_.size, false)};
+    for (int k = 0; k < opt_.size; ++k) f.settled[k] = it->second.per_rank[k].has_value();
+    auto ranks = present_ranks(it->second);
+    table_.erase(it);
+    push_error(q, error, message, std::move(ranks), now);
+    remember(failed_, name, std::move(f));
+  }
+
+  void push_error(const Request& q, ErrorKind error, const std::string& message,
+                  std::vector<std::int32_t> ranks, Clock::time_point now) {
+    Ready r;
+    r.request = q;
+    r.error = error;
+    r.message = message;
+    r.error_ranks = std::move(ranks);
+    push_ready(std::move(r), now);
+  }
+
+  // A rank that shut down will never submit: it no longer holds a remembered verdict open.
+  void settle_failed_for_shut_down_rank(int r) {
+    for (auto* verdicts : {&failed_, &failed_groups_}) {
+      for (auto it = verdicts->begin(); it != verdicts->end();) {
+        it->second.settled[r] = true;
+        it = all_settled(it->second) ? verdicts->erase(it) : std::next(it);
+      }
+    }
+  }
+
+  int first_present(const Pending& p) const {
+    int first = 0;
+    while (!p.per_rank[first]) ++first;
+    return first;
+  }
+
   bool is_ready(const Pending& p) const {
     for (int r = 0; r < opt_.size; ++r)
       if (!p.per_rank[r] && !joined_[r]) return false;
@@ -220,25 +465,17 @@ class Coordinator {
     if (hooks_.negotiated) hooks_.negotiated(name, now);
     Ready ready = validate(name, p);
     const std::string group = ready.request.group;
-    if (!group.empty() && ready.request.group_size > 1) {
+    if (!group.empty()) {
       auto& members = groups_[group];
       members.push_back(std::move(ready));
       if (static_cast<std::int32_t>(members.size()) < members.front().request.group_size) return;
       for (auto& m : members) push_ready(std::move(m), now);
       groups_.erase(group);
+      group_sizes_.erase(group);
       return;
     }
     push_ready(std::move(ready), now);
   }
-
-  struct Ready {
-    Request request;                 // canonical: the first submitting rank's request
-    std::vector<std::int64_t> rank_rows;
-    std::int32_t contributors = 0;
-    ErrorKind error = ErrorKind::none;
-    std::string message;
-    bool from_cache_for_all = false;
-  };
 
   void push_ready(Ready r, Clock::time_point now) {
     if (ready_.empty()) first_ready_ = now;
@@ -267,9 +504,7 @@ class Coordinator {
 
   Ready validate(const std::string& name, const Pending& p) const {
     Ready out;
-    int first = 0;
-    while (!p.per_rank[first]) ++first;
-    out.request = *p.per_rank[first];
+    out.request = *p.per_rank[first_present(p)];
     out.contributors = p.submitted;
     auto fail = [&](ErrorKind kind, std::string msg) {
       out.error = kind;
@@ -319,13 +554,21 @@ class Coordinator {
     if (auto e = mismatch("group", [](const Request& q) { return q.group + "/" + std::to_string(q.group_size); })) return *e;
     const bool someone_joined = p.submitted < opt_.size;
     if (someone_joined && (kind == OpKind::alltoall || kind == OpKind::reducescatter)) {
-      std::vector<int> absent;
-      for (int r = 0; r < opt_.size; ++r)
-        if (!p.per_rank[r]) absent.push_back(r);
       return fail(ErrorKind::invalid_argument,
                   fmt::format("dtrain: {} '{}' cannot run while ranks [{}] have joined: only "
                               "allreduce, allgather, broadcast and barrier accept joined ranks",
-                              to_string(kind), name, fmt::join(absent, ", ")));
+                              to_string(kind), name, fmt::join(missing_ranks(p), ", ")));
+    }
+    // A joined rank contributes the op's identity (0, 1, +inf or -inf) from host memory; the
+    // device path has no such fill, so there only Sum and Average accept joined ranks.
+    if (someone_joined && kind == OpKind::allreduce && out.request.device.is_cuda() &&
+        out.request.reduce_op != ReduceOp::Sum && out.request.reduce_op != ReduceOp::Average) {
+      return fail(ErrorKind::invalid_argument,
+                  fmt::format("dtrain: allreduce '{}' with ReduceOp::{} on {} cannot run while "
+                              "ranks [{}] have joined: device tensors accept joined ranks for Sum "
+                              "and Average only",
+                              name, to_string(out.request.reduce_op), to_string(out.request.device),
+                              fmt::join(missing_ranks(p), ", ")));
     }
     if (kind == OpKind::allgather) {
       out.rank_rows.assign(opt_.size, 0);
@@ -386,6 +629,7 @@ class Coordinator {
       s.active_ranks = r.contributors;
       s.error = r.error;
       s.error_message = std::move(r.message);
+      s.error_ranks = std::move(r.error_ranks);
       if (s.error == ErrorKind::none) {
         ++stats_.responses;
         note_cacheable(q, msg);
@@ -431,19 +675,28 @@ class Coordinator {
     std::erase_if(retired_, [&](const auto& kv) { return kv.second.second < oldest; });
   }
 
+  // Since when every rank the join waits for has been quiet (Note [Join]).
+  Clock::time_point join_quiet_since() const {
+    Clock::time_point t = join_started_;
+    for (int r = 0; r < opt_.size; ++r)
+      if (!joined_[r]) t = std::max(t, last_heard_[r]);
+    return t;
+  }
+
   void check_stalls(Clock::time_point now, ResponseMessage& msg) {
-    if (opt_.stall_check_disable || table_.empty()) return;
+    if (table_.empty() && joined_count_ == 0) return;
     bool warn = false, stop = false;
     for (auto& [name, p] : table_) {
-      const double waited = seconds(now - p.first_seen);
       warn |= now - p.last_warned >= stall_check();
-      if (opt_.stall_shutdown_time_seconds > 0 && waited >= opt_.stall_shutdown_time_seconds)
-        stop = true;
+      stop |= now - p.first_seen >= stall_shutdown();
     }
-    // One report covers every op stalled by now, so they share the next reminder time.
-    if (warn)
-      for (auto& [name, p] : table_)
-        if (now - p.first_seen >= stall_check()) p.last_warned = now;
+    if (joined_count_ > 0) {
+      const Clock::time_point quiet = join_quiet_since();
+      warn |= now - std::max(quiet, join_last_warned_) >= stall_check();
+      stop |= now - quiet >= stall_shutdown();
+    }
+    warn = warn && !opt_.stall_check_disable;
+    stop = stop && opt_.stall_shutdown_time_seconds > 0;
     if (!warn && !stop) return;
     const std::string report = pending_report(now);
     if (stop) {
@@ -451,19 +704,47 @@ class Coordinator {
           "dtrain: stall shutdown: ops have waited more than {} s "
           "(DTRAIN_STALL_SHUTDOWN_TIME_SECONDS) for ranks that never submitted them:{}\n"
           "One or more ranks took a different code path (e.g. skipped a step or an op) or are "
-          "stuck; every rank must submit every op with the same name.",
+          "stuck; every rank must submit every op with the same name. Run with "
+          "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
           opt_.stall_shutdown_time_seconds, report);
       return;
     }
+    // One report covers everything pending by now, so it all shares the next reminder time.
+    for (auto& [name, p] : table_) p.last_warned = now;
+    join_last_warned_ = now;
     ++stats_.stall_warnings;
     if (hooks_.stall_warning)
       hooks_.stall_warning(fmt::format(
           "dtrain: stalled ops: some ranks have been waiting more than {} s for others to submit "
-          "the same op (DTRAIN_STALL_CHECK_TIME_SECONDS):{}",
+          "the same op (DTRAIN_STALL_CHECK_TIME_SECONDS):{}\nRun with DTRAIN_LOG_LEVEL=debug to "
+          "see what each rank submitted.",
           opt_.stall_check_time_seconds, report));
   }
 
-  void fail_ops_waiting_for_shut_down_ranks() {
+  // Ops that have waited DTRAIN_OP_TIMEOUT_SECONDS for ranks that never submitted them fail with
+  // TimeoutError on every rank (Note [Failed ops]).
+  void time_out_ops(Clock::time_point now) {
+    if (opt_.op_timeout_seconds <= 0) return;
+    std::vector<std::string> expired;
+    for (const auto& [name, p] : table_)
+      if (now - p.first_seen >= op_timeout()) expired.push_back(name);
+    for (const auto& name : expired) {
+      auto it = table_.find(name);
+      if (it == table_.end()) continue;  // failed with its group
+      const Pending& p = it->second;
+      const Request& q = *p.per_rank[first_present(p)];
+      fail_pending(name, ErrorKind::timeout,
+           fmt::format("dtrain: {} '{}' timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks "
+                       "[{}] never submitted it (submitted by ranks [{}]). Those ranks took a "
+                       "different code path, are stuck, or are still busy; if a rank "
+                       "legitimately works alone for that long, raise DTRAIN_OP_TIMEOUT_SECONDS.",
+                       to_string(q.kind), name, opt_.op_timeout_seconds,
+                       fmt::join(missing_ranks(p), ", "), fmt::join(present_ranks(p), ", ")),
+           now);
+    }
+  }
+
+  void fail_ops_waiting_for_shut_down_ranks(Clock::time_point now) {
     if (shut_down_count_ == 0) return;
     std::vector<std::string> doomed;
     for (const auto& [name, p] : table_)
@@ -473,19 +754,56 @@ class Coordinator {
           break;
         }
     for (const auto& name : doomed) {
-      auto node = table_.extract(name);
-      Ready r;
-      r.request = *std::find_if(node.mapped().per_rank.begin(), node.mapped().per_rank.end(),
-                                [](const auto& q) { return q.has_value(); })->operator->();
+      auto it = table_.find(name);
+      if (it == table_.end()) continue;  // failed with its group
+      const Pending& p = it->second;
+      const Request& q = *p.per_rank[first_present(p)];
       std::vector<int> gone;
       for (int k = 0; k < opt_.size; ++k)
-        if (!node.mapped().per_rank[k] && shut_down_[k]) gone.push_back(k);
-      r.error = ErrorKind::shutdown;
-      r.message = fmt::format("dtrain: {} '{}' can never complete: ranks [{}] called "
-                              "dtrain::shutdown() without submitting it",
-                              to_string(r.request.kind), name, fmt::join(gone, ", "));
-      push_ready(std::move(r), Clock::now());
+        if (!p.per_rank[k] && shut_down_[k]) gone.push_back(k);
+      fail_pending(name, ErrorKind::shutdown,
+                   fmt::format("dtrain: {} '{}' can never complete: ranks [{}] called "
+                               "dtrain::shutdown() without submitting it",
+                               to_string(q.kind), name, fmt::join(gone, ", ")),
+                   now);
     }
+  }
+
+  // Completes, fails or times out the join (Note [Join]).
+  void check_join(Clock::time_point now, ResponseMessage& msg) {
+    if (joined_count_ == 0) return;
+    Response j;
+    j.kind = OpKind::join;
+    j.names = {"join"};
+    if (joined_count_ == opt_.size) {
+      j.last_joined_rank = last_joined_;
+    } else {
+      std::vector<int> gone;
+      for (int r = 0; r < opt_.size; ++r)
+        if (!joined_[r] && shut_down_[r]) gone.push_back(r);
+      if (!gone.empty()) {
+        j.error = ErrorKind::shutdown;
+        j.error_message = fmt::format(
+            "dtrain: join() can never complete: ranks [{}] called dtrain::shutdown() without "
+            "joining (joined: ranks [{}])",
+            fmt::join(gone, ", "), fmt::join(ranks_where(joined_, true), ", "));
+      } else if (opt_.op_timeout_seconds > 0 && now - join_quiet_since() >= op_timeout()) {
+        j.error = ErrorKind::timeout;
+        j.error_message = fmt::format(
+            "dtrain: join() timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks [{}] have "
+            "neither joined nor submitted any op for that long (joined: ranks [{}])",
+            opt_.op_timeout_seconds, fmt::join(ranks_where(joined_, false), ", "),
+            fmt::join(ranks_where(joined_, true), ", "));
+      } else {
+        return;
+      }
+    }
+    if (j.error != ErrorKind::none)
+      for (int r = 0; r < opt_.size; ++r)
+        if (joined_[r]) j.error_ranks.push_back(r);
+    msg.responses.push_back(std::move(j));
+    std::fill(joined_.begin(), joined_.end(), false);
+    joined_count_ = 0;
   }
 
   ResponseMessage finish(ResponseMessage msg) {
@@ -496,17 +814,24 @@ class Coordinator {
   CoordinatorOptions opt_;
   CoordinatorHooks hooks_;
   std::unordered_map<std::string, Pending> table_;
-  std::unordered_map<std::string, std::vector<Ready>> groups_;
+  std::unordered_map<std::string, std::vector<Ready>> groups_;  // ready members by group
+  std::unordered_map<std::string, GroupSizes> group_sizes_;
+  std::unordered_map<std::string, Failed> failed_;
+  std::unordered_map<std::string, Failed> failed_groups_;
+  std::vector<std::pair<std::string, int>> settling_;  // (group, rank) settled after a message
   std::vector<Ready> ready_;
   std::int64_t ready_bytes_ = 0;
   Clock::time_point first_ready_;
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;
+  Clock::time_point join_started_;
+  Clock::time_point join_last_warned_;
   std::vector<bool> shut_down_;
   int shut_down_count_ = 0;
   bool shutdown_announced_ = false;
   std::vector<std::uint64_t> applied_;
+  std::vector<Clock::time_point> last_heard_;
   std::unordered_map<std::string, CacheEntry> cache_;
   std::unordered_map<std::uint64_t, std::string> cache_by_id_;
   std::map<std::uint64_t, std::pair<Request, std::uint64_t>> retired_;

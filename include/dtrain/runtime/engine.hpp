@@ -38,8 +38,10 @@
 
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
+#include "dtrain/runtime/agreement.hpp"
 #include "dtrain/runtime/coordinator.hpp"
 #include "dtrain/runtime/host_backend.hpp"
+#include "dtrain/runtime/liveness.hpp"
 #include "dtrain/runtime/topology.hpp"
 
 namespace dtrain {
@@ -106,6 +108,7 @@ class Engine {
       o.stall_check_disable = config.stall_check_disable;
       o.stall_check_time_seconds = config.stall_check_time_seconds;
       o.stall_shutdown_time_seconds = config.stall_shutdown_time_seconds;
+      o.op_timeout_seconds = config.op_timeout_seconds;
       CoordinatorHooks hooks;
       hooks.rank_ready = [this](const std::string& name, OpKind kind, int r, Clock::time_point t) {
         if (!timeline_.active()) return;
@@ -132,9 +135,16 @@ class Engine {
         }
       }
     }
+    // Without the host layout, assume the worst: every rank on this host.
+    const int ranks_on_host = hierarchy_.valid() ? hierarchy_.local_size : size_;
+    const AgreedSettings agreed = agree_on_settings(config, direct_pays(ranks_on_host), control_);
+    if (rank_ == 0)
+      for (const auto& w : agreed.warnings) log(LogLevel::warning, "{}", w);
     // Rank 0's setup can fail on its own (an unwritable DTRAIN_TIMELINE path). Init must then fail
     // on every rank: the others would otherwise wait forever for a coordinator that never started.
-    if (std::string why = agree_on_setup(std::move(setup_error)); !why.empty()) {
+    std::string why = agree_on_setup(std::move(setup_error));
+    if (!agreed.error.empty()) why = agreed.error;
+    if (!why.empty()) {
       if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
       if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
       MPI_Comm_free(&control_);
@@ -149,71 +159,139 @@ class Engine {
     ho.stats = &backend_stats_;
     ho.hierarchical = config.hierarchical_allreduce && hierarchy_.valid();
     ho.hierarchy = hierarchy_;
+    ho.direct_segments = agreed.direct_segments;
     host_ = std::make_unique<HostBackend>(ho);
+    if (size_ > 1) {
+      std::vector<std::string> hosts;
+      for (int r = 0; r < size_; ++r)
+        hosts.push_back(topology ? topology->host_names.at(static_cast<std::size_t>(r)) : "?");
+      monitor_.emplace(world, std::move(hosts));
+    }
     thread_ = std::thread([this] { run(); });
-    if (config.op_timeout_seconds > 0) watchdog_ = std::thread([this] { watchdog(); });
+    watchdog_ = std::thread([this] { watchdog(); });
   }
 
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
+  // Only for an engine whose thread has exited (shutdown() returned true, or it never started
+  // the collective protocol): a thread blocked inside MPI keeps using it.
   ~Engine() {
     if (thread_.joinable()) {
       // Destroyed without shutdown(): stop locally without the collective protocol.
-      {
-        std::lock_guard lock(mutex_);
-        abandon_ = true;
-      }
-      cv_.notify_all();
+      abandon();
       thread_.join();
     }
     stop_watchdog();
     timeline_.stop();
+    release_communicators();
+  }
+
+  // After a clean shutdown(): frees the MPI resources while the object may live on (a thread that
+  // raced with shutdown may still hold it; it only ever sees ShutdownError).
+  void release_communicators() noexcept {
     device_.reset();  // before the communicators it may use
+    if (monitor_ && !peer_lost()) monitor_->close(/*all_closing=*/!failed());
     if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
     if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
-    MPI_Comm_free(&control_);
-    MPI_Comm_free(&data_);
+    if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+    if (data_ != MPI_COMM_NULL) MPI_Comm_free(&data_);
   }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const Config& config() const noexcept { return config_; }
 
+  // Note [Generated names]
+  // An op without a name is called "<kind>.<n>" after a per-kind call count, so ranks pair their
+  // n-th unnamed allreduce. That only holds while one thread makes the unnamed calls: two threads
+  // interleave differently on every rank and the ranks would pair unrelated tensors. So the first
+  // thread to make an unnamed call owns the counters until it exits, and an unnamed call from
+  // another thread in that time is an error that tells the user to name the ops. The name is still
+  // counted and submitted as rejected, so the peers fail at once and the counts stay in step.
   std::string generate_name(OpKind kind) {
     return fmt::format("{}.{}", to_string(kind),
                        name_counters_[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed));
+  }
+  // Throws InvalidArgumentError when another live thread makes unnamed calls (Note [Generated names]).
+  void check_unnamed_call_thread(OpKind kind, const std::string& name) {
+    thread_local const auto alive = std::make_shared<const std::thread::id>(std::this_thread::get_id());
+    std::lock_guard lock(name_owner_mutex_);
+    const auto owner = name_owner_.lock();
+    if (!owner || *owner == std::this_thread::get_id()) {
+      name_owner_ = alive;
+      return;
+    }
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: unnamed {} ('{}' on rank {}) called from a second thread while another thread "
+        "also makes unnamed calls: generated names follow each rank's call order, which differs "
+        "between threads, so ranks would pair unrelated tensors. Give ops called from several "
+        "threads explicit names (AllreduceOptions::name, the name argument).",
+        to_string(kind), name, rank_));
+  }
+
+  // Submits `name` as rejected by this rank, so the peers' ops of that name fail at once instead of
+  // waiting for it (Note [Failed ops]). The caller then throws its own error.
+  void reject(const std::string& name, OpKind kind, const std::string& why,
+              const std::string& group = {}) noexcept {
+    try {
+      auto e = std::make_shared<Entry>();
+      e->request.name = name;
+      e->request.kind = kind;
+      e->request.group = group;
+      e->request.dtype = DataType::uint8;
+      e->request.shape = {0};
+      e->request.rejected = why.rfind("dtrain: ", 0) == 0 ? why.substr(8) : why;
+      e->state = std::make_shared<OpState>();
+      submit(std::move(e));
+    } catch (...) {
+      // The engine has stopped or the name is in flight: the caller's own error is what matters.
+    }
   }
 
   // Enqueues ops; the engine thread picks them up at once. All or nothing: throws, submitting
   // none, for a duplicate in-flight name or when the engine has stopped.
   void submit_all(std::vector<std::shared_ptr<Entry>> entries) {
-    {
-      std::lock_guard lock(mutex_);
-      throw_if_stopped();
-      for (std::size_t i = 0; i < entries.size(); ++i) {
-        const auto& q = entries[i]->request;
-        if (q.kind == OpKind::join) {
-          if (join_entry_) throw InvalidArgumentError("dtrain: join() is already in flight on this rank");
-          continue;
+    while (true) {
+      std::shared_ptr<OpState> rejection;  // of the same name, still being settled
+      {
+        std::lock_guard lock(mutex_);
+        throw_if_stopped();
+        for (std::size_t i = 0; i < entries.size() && !rejection; ++i) {
+          const auto& q = entries[i]->request;
+          if (q.kind == OpKind::join) {
+            if (join_entry_) throw InvalidArgumentError("dtrain: join() is already in flight on this rank");
+            continue;
+          }
+          auto it = in_flight_.find(q.name);
+          if (it != in_flight_.end() && !it->second->request.rejected.empty()) {
+            rejection = it->second->state;
+            break;
+          }
+          bool repeated = it != in_flight_.end();
+          for (std::size_t j = 0; j < i && !repeated; ++j) repeated = entries[j]->request.name == q.name;
+          if (repeated)
+            throw InvalidArgumentError(fmt::format(
+                "dtrain: an op named '{}' is already in flight on rank {}: names must be unique "
+                "among in-flight ops (wait for the first one, or give the second a different name)",
+                q.name, rank_));
         }
-        bool repeated = in_flight_.contains(q.name);
-        for (std::size_t j = 0; j < i && !repeated; ++j) repeated = entries[j]->request.name == q.name;
-        if (repeated)
-          throw InvalidArgumentError(fmt::format(
-              "dtrain: an op named '{}' is already in flight on rank {}: names must be unique "
-              "among in-flight ops (wait for the first one, or give the second a different name)",
-              q.name, rank_));
+        if (!rejection) {
+          for (auto& e : entries) {
+            if (e->request.kind == OpKind::join) join_entry_ = e;
+            else in_flight_.emplace(e->request.name, e);
+            incoming_.push_back(std::move(e));
+          }
+          break;
+        }
       }
-      const auto now = Clock::now();
-      for (auto& e : entries) {
-        e->submitted = now;
-        if (e->request.kind == OpKind::join) join_entry_ = e;
-        else in_flight_.emplace(e->request.name, e);
-        incoming_.push_back(std::move(e));
+      // A rejection is settled by the coordinator's answer within a round trip.
+      try {
+        rejection->wait();
+      } catch (const Error&) {
       }
     }
-    cv_.notify_one();
+    cv_.notify_all();  // the engine thread, and no one else, waits for new work
   }
   void submit(std::shared_ptr<Entry> e) {
     std::vector<std::shared_ptr<Entry>> one;
@@ -221,16 +299,40 @@ class Engine {
     submit_all(std::move(one));
   }
 
-  // Collective: returns once every rank has called it (or the engine has failed).
-  void shutdown() {
+  enum class ShutdownOutcome {
+    clean,          // every rank shut down together
+    after_failure,  // the engine had failed (Note [Engine failure]); its thread has exited
+    blocked,        // the engine thread is blocked inside MPI for good: leave the engine alive
+  };
+
+  // Collective: returns once every rank has called it. After a failure (Note [Engine failure]) it
+  // is local.
+  ShutdownOutcome shutdown() {
     {
       std::lock_guard lock(mutex_);
       shutdown_requested_ = true;
+      if (!fatal_.empty()) abandon_ = true;
     }
     cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
+    const bool exited = wait_for_engine_thread();
     stop_watchdog();
     timeline_.stop();
+    if (!exited) return ShutdownOutcome::blocked;
+    return failed() ? ShutdownOutcome::after_failure : ShutdownOutcome::clean;
+  }
+
+  // A peer died or left (Note [Peer liveness]): MPI calls that involve every rank may never return.
+  bool peer_lost() const noexcept { return peer_lost_.load(); }
+
+  // True once the engine has failed for good (Note [Engine failure]).
+  bool failed() const {
+    std::lock_guard lock(mutex_);
+    return !fatal_.empty();
+  }
+
+  // This rank leaves without shutdown(): tells the peers (Note [Peer liveness]).
+  void announce_exit(const std::string& why) noexcept {
+    if (monitor_) monitor_->announce_exit(why);
   }
 
   void start_timeline(const std::string& path) {
@@ -308,6 +410,46 @@ class Engine {
       fail_everything(fmt::format("dtrain: the engine on rank {} failed: {}", rank_, ex.what()));
     }
     drain_sends();
+    std::vector<std::shared_ptr<Entry>> leftovers;
+    std::string why;
+    {
+      std::lock_guard lock(mutex_);
+      why = fatal_.empty() ? fmt::format("dtrain: rank {} shut down while the op was in flight", rank_)
+                           : fatal_;
+      for (auto& [name, e] : in_flight_) leftovers.push_back(e);
+      in_flight_.clear();
+      for (auto& e : incoming_) leftovers.push_back(e);
+      incoming_.clear();
+      if (join_entry_) leftovers.push_back(std::move(join_entry_));
+      thread_exited_ = true;
+    }
+    cv_.notify_all();
+    for (auto& e : leftovers) e->state->complete(std::make_exception_ptr(ShutdownError(why)));
+  }
+
+  void abandon() {
+    {
+      std::lock_guard lock(mutex_);
+      abandon_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Joins the engine thread unless it is blocked inside MPI after a failure (Note [Engine failure]).
+  bool wait_for_engine_thread() {
+    if (!thread_.joinable()) return true;
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return thread_exited_ || !fatal_.empty(); });
+    if (!thread_exited_) {
+      abandon_ = true;
+      cv_.notify_all();
+      cv_.wait_for(lock, std::chrono::seconds(2), [&] { return thread_exited_; });
+    }
+    const bool exited = thread_exited_;
+    lock.unlock();
+    if (!exited) return false;
+    thread_.join();
+    return true;
   }
 
   void loop() {
@@ -386,7 +528,7 @@ class Engine {
     for (const auto& e : fresh) {
       const Request& q = e->request;
       auto it = mirror_.find(q.name);
-      if (it != mirror_.end() && it->second.second.same_metadata(q)) {
+      if (it != mirror_.end() && q.rejected.empty() && it->second.second.same_metadata(q)) {
         m.cached.push_back(it->second.first);
         cache_ids_sent_.fetch_add(1, std::memory_order_relaxed);
       } else {
@@ -513,13 +655,17 @@ class Engine {
   }
 
   void execute(const Response& r, Clock::time_point arrival) {
-    if (r.kind == OpKind::join && r.error == ErrorKind::none) {
+    if (!r.applies_to(rank_)) return;
+    if (r.kind == OpKind::join) {
       std::shared_ptr<Entry> j;
       {
         std::lock_guard lock(mutex_);
         j = std::move(join_entry_);
       }
-      if (j) {
+      if (!j) return;
+      if (r.error != ErrorKind::none) {
+        j->state->complete(make_error(r.error, r.error_message));
+      } else {
         j->state->int_result = r.last_joined_rank;
         j->state->complete();
       }
@@ -540,12 +686,26 @@ class Engine {
     {
       std::lock_guard lock(exec_mutex_);
       executing_ = r.names.empty() ? std::string() : r.names.front();
+      executing_kind_ = to_string(r.kind);
       exec_started_ = Clock::now();
       exec_owned_ = &owned;
     }
     try {
       host_->set_response_arrival(arrival);
       backend->execute(r, entries_);
+    } catch (const TimeoutError& ex) {
+      // The device path aborted its communicator at the deadline: this rank's engine cannot go on.
+      const std::string what = fmt::format("dtrain: {} '{}' on rank {} timed out: {}",
+                                           to_string(r.kind), r.names.empty() ? "" : r.names.front(),
+                                           rank_, ex.what());
+      for (auto& e : owned)
+        if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
+      {
+        std::lock_guard lock(exec_mutex_);
+        executing_.clear();
+        exec_owned_ = nullptr;
+      }
+      throw;  // run() fails every other op with this root cause
     } catch (const std::exception& ex) {
       // The peers are inside (or past) the same collective; this rank cannot rejoin it, and
       // returning would leave them blocked. Fail loudly instead of hanging the job.
@@ -596,34 +756,68 @@ class Engine {
       incoming_.clear();
       if (join_entry_) victims.push_back(std::move(join_entry_));
     }
+    cv_.notify_all();
     log(LogLevel::error, "{}", why);
     for (auto& e : victims) e->state->complete(std::make_exception_ptr(ShutdownError(why)));
   }
 
-  // ---- per-op deadline --------------------------------------------------------------------------
+  // ---- per-op deadline and peer liveness -------------------------------------------------------
 
-  // Wakes periodically (never per op, so it costs nothing on the hot path) and aborts the job when
-  // one collective has been running longer than DTRAIN_OP_TIMEOUT_SECONDS.
+  // Note [Engine failure]
+  // Some failures leave this rank's engine unable to go on: a collective that outlived
+  // DTRAIN_OP_TIMEOUT_SECONDS after every rank had submitted it (MPI cannot cancel it, so the engine
+  // thread stays inside it), a device communicator aborted at its deadline, a dead peer (Note [Peer
+  // liveness]), a stall shutdown. The op concerned fails with its own error (TimeoutError for a
+  // deadline), every other op, in flight or submitted later, with a ShutdownError carrying that
+  // first cause; the process stays free to save what it needs and exit. shutdown() is then local:
+  // it does not wait for peers, leaves a blocked engine thread where it is, and does not finalize
+  // MPI (which could block on the same peers).
+  //
+  // Wakes at least once a second (never per op, so it costs nothing on the hot path): enforces the
+  // execution deadline and exchanges heartbeats.
   void watchdog() {
     const auto timeout = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(config_.op_timeout_seconds));
-    const auto period = std::min<Clock::duration>(std::chrono::seconds(1), timeout / 4);
+    auto period = std::chrono::duration_cast<Clock::duration>(PeerMonitor::kHeartbeatPeriod);
+    if (config_.op_timeout_seconds > 0) period = std::min<Clock::duration>(period, timeout / 4);
+    std::optional<Clock::time_point> lost_at;
     std::unique_lock lock(exec_mutex_);
     while (!exec_cv_.wait_for(lock, period, [&] { return watchdog_stop_; })) {
-      if (executing_.empty() || Clock::now() - exec_started_ < timeout) continue;
-      const std::string what = fmt::format(
-          "dtrain: op '{}' on rank {} did not complete within {} s (DTRAIN_OP_TIMEOUT_SECONDS) "
-          "after every rank had submitted it: a peer rank died, hangs, or its engine is blocked. "
-          "MPI cannot cancel a collective, so the job is aborted.",
-          executing_, rank_, config_.op_timeout_seconds);
-      if (exec_owned_)
-        for (auto& e : *exec_owned_)
-          if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
-      log(LogLevel::fatal, "{}", what);
-      lock.unlock();
-      std::this_thread::sleep_for(std::chrono::seconds(2));  // let waiters report the error
-      MPI_Abort(MPI_COMM_WORLD, 3);
-      return;
+      const auto now = Clock::now();
+      if (config_.op_timeout_seconds > 0 && !executing_.empty() && now - exec_started_ >= timeout &&
+          !timed_out_) {
+        timed_out_ = true;
+        const std::string what = fmt::format(
+            "dtrain: {} '{}' on rank {} did not complete within {} s (DTRAIN_OP_TIMEOUT_SECONDS) "
+            "after every rank had submitted it: a peer died or hangs inside the collective. MPI "
+            "cannot cancel a collective, so this rank's engine has stopped; save what you need "
+            "and exit.",
+            executing_kind_, executing_, rank_, config_.op_timeout_seconds);
+        if (exec_owned_)
+          for (auto& e : *exec_owned_)
+            if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
+        lock.unlock();
+        fail_everything(what);
+        lock.lock();
+      }
+      if (monitor_ && !lost_at) {
+        lock.unlock();
+        if (auto lost = monitor_->tick(now)) {
+          lost_at = now;
+          peer_lost_ = true;
+          fail_everything(*lost);
+        }
+        lock.lock();
+      }
+      if (lost_at && now - *lost_at >= PeerMonitor::kExitGrace) {
+        lock.unlock();
+        log(LogLevel::fatal,
+            "dtrain: rank {} is still running {} s after a peer was lost; ending the job "
+            "(a survivor may be blocked in an MPI call with the lost rank)",
+            rank_, std::chrono::duration_cast<std::chrono::seconds>(PeerMonitor::kExitGrace).count());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return;
+      }
     }
   }
 
@@ -648,7 +842,7 @@ class Engine {
   HierarchyComms hierarchy_;
   int rank_ = 0, size_ = 1;
 
-  std::mutex mutex_;  // guards everything the user threads touch
+  mutable std::mutex mutex_;  // guards everything the user threads touch
   std::condition_variable cv_;
   std::vector<std::shared_ptr<Entry>> incoming_;
   std::unordered_map<std::string, std::shared_ptr<Entry>> in_flight_;
@@ -657,6 +851,7 @@ class Engine {
   bool shutdown_requested_ = false;
   bool shutdown_sent_ = false;
   bool abandon_ = false;
+  bool thread_exited_ = false;
   std::string fatal_;
 
   std::optional<Coordinator> coordinator_;
@@ -681,9 +876,16 @@ class Engine {
   std::mutex exec_mutex_;
   std::condition_variable exec_cv_;
   std::string executing_;
+  std::string_view executing_kind_;
   Clock::time_point exec_started_;
+  bool timed_out_ = false;
+  std::atomic<bool> peer_lost_{false};
   std::vector<std::shared_ptr<Entry>>* exec_owned_ = nullptr;
   bool watchdog_stop_ = false;
+
+  std::optional<PeerMonitor> monitor_;
+  std::mutex name_owner_mutex_;
+  std::weak_ptr<const std::thread::id> name_owner_;  // Note [Generated names]
 
   std::thread thread_;
   std::thread watchdog_;

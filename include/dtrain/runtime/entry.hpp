@@ -22,7 +22,6 @@ struct Entry {
   std::function<void(std::vector<std::int64_t>)> set_received_splits;  // alltoall
   void* stream = nullptr;            // device ops: producer stream
   std::shared_ptr<OpState> state;
-  std::chrono::steady_clock::time_point submitted;
 };
 
 // Executes responses for one kind of memory. entries[i] is this rank's entry for

@@ -22,9 +22,13 @@
 // kFusionDirectMinBytes in place, in its own memory (in pieces of at most DTRAIN_MPI_CHUNK_BYTES),
 // and packs only the small ones. Where ranks outnumber the host's cores every MPI call waits for
 // the peers to be scheduled (10-20 ms a call at 4 ranks on 2 cores), so there everything is packed
-// into as few calls as possible (direct_pays()). The pieces are planned from the response alone
-// (element counts, dtype, chunk size), so every rank makes the same MPI calls in the same order; a
-// rank that joined has no memory for a direct tensor and contributes zeros from the fusion buffer.
+// into as few calls as possible (direct_pays()). Which tensors are direct shapes the MPI calls, so
+// it is decided once for all ranks: each rank tells at init() whether it has a core of its own, and
+// tensors are reduced in place only if every rank does (Note [Agreed settings]). The pieces are
+// then planned from the response alone (element counts, dtype, chunk size, that agreed verdict),
+// so every rank makes the same MPI calls in the same order; a
+// rank that joined has no memory for a direct tensor and contributes the op's identity (zeros for a
+// sum) from the fusion buffer.
 // Direct pieces come first, so the helper packs the small tensors while the large ones reduce.
 #if defined(__linux__)
 #include <sched.h>
@@ -80,7 +84,7 @@ inline bool direct_pays(int ranks_on_host) noexcept {
 }
 
 // One tensor of a fused response. `src`/`dst` are null for a rank that joined: it contributes
-// zeros and keeps nothing.
+// the op's identity and keeps nothing.
 struct FusedSegment {
   const void* src = nullptr;
   void* dst = nullptr;
@@ -104,9 +108,10 @@ struct FusedJob {
   std::int64_t total = 0;        // elements of fusion buffer this rank needs (set by lay_out)
   std::int64_t piece = 0;        // elements per MPI call, at most
   double prescale = 1.0, postscale = 1.0;
+  ReduceOp op = ReduceOp::Sum;   // the reduction: a joined rank contributes its identity
 
   // Marks the segments of at least `direct_min` elements direct (none when it is <= 0), places
-  // the others (and, on a rank that joined, the zeros of the direct ones) in the buffer, and plans
+  // the others (and, on a rank that joined, the stand-ins for the direct ones) in the buffer, and plans
   // the pieces: direct ones first, then the packed buffer. Set `segments` and `piece` first.
   void lay_out(std::int64_t direct_min) {
     plan.clear();
@@ -150,14 +155,14 @@ struct FusedJob {
   }
 
   // Before piece k is reduced (pack) or after (unpack): copies and scales packed segments, scales
-  // direct ones in place, fills a joined rank's contribution with zeros.
+  // direct ones in place, fills a joined rank's contribution with the op's identity.
   void copy_piece(std::int64_t k, bool pack) const {
     const FusedPiece& p = plan[k];
     const std::int64_t es = static_cast<std::int64_t>(element_size(dtype));
     if (p.segment >= 0) {
       const FusedSegment& s = segments[p.segment];
       if (!s.dst) {
-        if (pack) std::memset(piece_data(k), 0, static_cast<std::size_t>(p.n * es));
+        if (pack) fill_identity(dtype, op, piece_data(k), p.n);
       } else if (pack) {
         scale_copy(dtype, static_cast<const char*>(s.src) + p.lo * es, piece_data(k), p.n, prescale);
       } else {
@@ -179,7 +184,7 @@ struct FusedJob {
         if (s.src)
           scale_copy(dtype, static_cast<const char*>(s.src) + within * es, buf, b - a, prescale);
         else
-          std::memset(buf, 0, static_cast<std::size_t>((b - a) * es));
+          fill_identity(dtype, op, buf, b - a);
       } else if (s.dst) {
         scale_copy(dtype, buf, static_cast<char*>(s.dst) + within * es, b - a, postscale);
       }

@@ -46,14 +46,17 @@ class HostBackend final : public Backend {
     // DTRAIN_HIERARCHICAL_ALLREDUCE: allreduce through `hierarchy` (comm/hierarchical.hpp).
     bool hierarchical = false;
     HierarchyComms hierarchy;
+    // Reduce large tensors of fused responses in their own memory: agreed by every rank at init
+    // (Note [Direct segments]).
+    bool direct_segments = false;
   };
   explicit HostBackend(Options o) : opt_(o) {
     MPI_Comm_rank(o.comm, &rank_);
     MPI_Comm_size(o.comm, &size_);
     // Without the host layout, assume the worst: every rank on this host.
     const int ranks_on_host = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
-    overlap_ = o.pipeline && overlap_pays(ranks_on_host);
-    direct_min_bytes_ = direct_pays(ranks_on_host) ? kFusionDirectMinBytes : 0;
+    overlap_ = o.pipeline && overlap_pays(ranks_on_host);  // local: it moves no MPI call
+    direct_min_bytes_ = o.direct_segments ? kFusionDirectMinBytes : 0;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -128,6 +131,7 @@ class HostBackend final : public Backend {
     job.dtype = dtype;
     job.prescale = r.prescale;
     job.postscale = post;
+    job.op = op;
     job.segments.clear();
     for (std::size_t i = 0; i < entries.size(); ++i) {
       FusedSegment s;

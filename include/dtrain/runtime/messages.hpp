@@ -41,6 +41,7 @@ struct Request {
   std::vector<std::int64_t> shape;
   std::string group;             // grouped_allreduce: members complete together
   std::int32_t group_size = 0;
+  std::string rejected;          // non-empty: the rank refused its own call, and why (Note [Failed ops])
 
   std::int64_t numel() const noexcept {
     std::int64_t n = 1;
@@ -57,10 +58,12 @@ struct Request {
   void write(WireWriter& w) const {
     w.put(name); w.put(kind); w.put(dtype); w.put(device); w.put(reduce_op);
     w.put(prescale); w.put(postscale); w.put(root); w.put(shape); w.put(group); w.put(group_size);
+    w.put(rejected);
   }
   void read(WireReader& r) {
     r.get(name); r.get(kind); r.get(dtype); r.get(device); r.get(reduce_op);
     r.get(prescale); r.get(postscale); r.get(root); r.get(shape); r.get(group); r.get(group_size);
+    r.get(rejected);
   }
   // Same negotiated metadata (the name aside): what the response cache compares.
   bool same_metadata(const Request& o) const noexcept {
@@ -90,6 +93,17 @@ struct Response {
   std::int32_t last_joined_rank = -1;   // join
   ErrorKind error = ErrorKind::none;
   std::string error_message;
+  // An error applies to these ranks only (empty: to every rank): a rank whose submission of the
+  // name has not reached the coordinator yet, or that has submitted the name again since, must
+  // not have that other op failed (Note [Failed ops]).
+  std::vector<std::int32_t> error_ranks;
+
+  bool applies_to(int rank) const noexcept {
+    if (error == ErrorKind::none || error_ranks.empty()) return true;
+    for (auto r : error_ranks)
+      if (r == rank) return true;
+    return false;
+  }
 
   std::int64_t total_numel() const noexcept {
     std::int64_t n = 0;
@@ -100,11 +114,13 @@ struct Response {
     w.put(kind); w.put(names); w.put(numels); w.put(dtype); w.put(device); w.put(reduce_op);
     w.put(prescale); w.put(postscale); w.put(root); w.put(shape); w.put(rank_rows);
     w.put(active_ranks); w.put(last_joined_rank); w.put(error); w.put(error_message);
+    w.put(error_ranks);
   }
   void read(WireReader& r) {
     r.get(kind); r.get(names); r.get(numels); r.get(dtype); r.get(device); r.get(reduce_op);
     r.get(prescale); r.get(postscale); r.get(root); r.get(shape); r.get(rank_rows);
     r.get(active_ranks); r.get(last_joined_rank); r.get(error); r.get(error_message);
+    r.get(error_ranks);
   }
 };
 

@@ -2,12 +2,15 @@
 // Lifecycle (init, shutdown, Session) and topology queries.
 #include <mpi.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/comm/mpi_datatype.hpp"
 #include "dtrain/core/config.hpp"
@@ -26,30 +29,120 @@ struct Runtime {
   std::unique_ptr<Engine> engine;
 };
 
-inline std::mutex& runtime_mutex() {
-  static std::mutex m;
-  return m;
-}
-inline std::unique_ptr<Runtime>& runtime_slot() {
-  static std::unique_ptr<Runtime> r;
-  return r;
+// Note [Lifecycle]
+// init() and shutdown() are serialized by one mutex; the running Runtime is published through a
+// shared pointer that every call copies under a second, short-held mutex, so a thread that is
+// submitting while another shuts down keeps the engine alive until its call returns (and is told
+// the engine has stopped) instead of reading freed memory. Besides shutdown() itself, two exits
+// are watched: MPI_Finalize() called while dtrain runs shuts dtrain down first (an attribute on
+// MPI_COMM_SELF, whose delete callback MPI runs at the start of MPI_Finalize), and leaving main()
+// while dtrain runs on several ranks tells the peers and ends the job with a failing status
+// (Note [Peer liveness]).
+enum class State { never_initialized, running, shut_down };
+
+struct Lifecycle {
+  std::mutex init_mutex;   // serializes init and shutdown
+  std::mutex slot_mutex;   // guards `running` and `state`
+  std::shared_ptr<Runtime> running;
+  State state = State::never_initialized;
+  bool mpi_initialized_by_dtrain = false;  // survives a failed init, so a retry still finalizes
+  int finalize_keyval = MPI_KEYVAL_INVALID;
+  bool exit_hook_installed = false;
+};
+
+inline Lifecycle& lifecycle() {
+  static Lifecycle l;
+  return l;
 }
 
-inline Runtime& runtime(std::string_view caller) {
-  auto& r = runtime_slot();
-  if (!r)
+inline std::shared_ptr<Runtime> running_runtime() {
+  auto& l = lifecycle();
+  std::lock_guard lock(l.slot_mutex);
+  return l.running;
+}
+
+inline std::shared_ptr<Runtime> runtime(std::string_view caller) {
+  auto& l = lifecycle();
+  std::lock_guard lock(l.slot_mutex);
+  if (l.running) return l.running;
+  if (l.state == State::shut_down)
     throw NotInitializedError(fmt::format(
-        "dtrain::{}() was called before dtrain::init(): call dtrain::init() (or create a "
-        "dtrain::Session) at the start of main(), before any other dtrain call",
+        "dtrain::{}() was called after dtrain::shutdown(): dtrain is no longer running. Call it "
+        "before shutdown(), or call dtrain::init() again first",
         caller));
-  return *r;
+  throw NotInitializedError(fmt::format(
+      "dtrain::{}() was called before dtrain::init(): call dtrain::init() (or create a "
+      "dtrain::Session) at the start of main(), before any other dtrain call",
+      caller));
 }
 
-inline Engine& engine(std::string_view caller) { return *runtime(caller).engine; }
+// The engine, kept alive for as long as the caller holds the pointer.
+inline std::shared_ptr<Engine> engine(std::string_view caller) {
+  auto rt = runtime(caller);
+  Engine* e = rt->engine.get();
+  return std::shared_ptr<Engine>(std::move(rt), e);
+}
 
-inline void init_impl(const Config& config, int* argc, char*** argv) {
-  std::lock_guard lock(runtime_mutex());
-  if (runtime_slot()) return;  // already initialized: init is idempotent
+inline void shutdown_impl(bool inside_mpi_finalize);
+
+// Runs at the start of MPI_Finalize (Note [Lifecycle]).
+inline int shut_down_before_mpi_finalize(MPI_Comm, int, void*, void*) {
+  if (!running_runtime()) return MPI_SUCCESS;
+  log(LogLevel::warning, "dtrain: MPI_Finalize() was called while dtrain was running; shutting "
+                         "dtrain down first. Call dtrain::shutdown() before MPI_Finalize().");
+  try {
+    shutdown_impl(true);
+  } catch (const std::exception& e) {
+    log(LogLevel::error, "dtrain: shutting down inside MPI_Finalize() failed: {}", e.what());
+  }
+  return MPI_SUCCESS;
+}
+
+// Runs when the process exits (Note [Lifecycle]).
+inline void leave_without_shutdown(int status) {
+  auto rt = running_runtime();
+  if (!rt) return;
+  if (rt->topology.size == 1) {
+    try {
+      shutdown_impl(false);  // nobody waits for this rank: stop quietly
+    } catch (...) {
+    }
+    return;
+  }
+  const int rank = rt->topology.rank;
+  const std::string why = fmt::format(
+      "dtrain: rank {} on host {} left main() (exit status {}) without calling dtrain::shutdown(): "
+      "its peers can complete no op with it, so the job ends. Call dtrain::shutdown() (or keep a "
+      "dtrain::Session alive) until the end of main() on every rank.",
+      rank, rt->topology.host_names.at(static_cast<std::size_t>(rank)), status);
+  log(LogLevel::fatal, "{}", why);
+  rt->engine->announce_exit(why);
+  std::fflush(nullptr);
+  std::_Exit(status != 0 ? status : 1);
+}
+
+inline void install_exit_hook() {
+#if defined(__GLIBC__)
+  // on_exit, unlike atexit, passes the exit status.
+  ::on_exit([](int status, void*) { leave_without_shutdown(status); }, nullptr);
+#else
+  std::atexit([] { leave_without_shutdown(0); });
+#endif
+}
+
+inline void init_impl(const Config& config, int* argc, char*** argv, bool explicit_config) {
+  auto& l = lifecycle();
+  std::lock_guard lock(l.init_mutex);
+  if (auto rt = running_runtime()) {
+    // Already initialized: nothing to do, unless different settings were asked for explicitly.
+    if (!explicit_config) return;
+    const auto differences = config_differences(rt->config, config);
+    if (differences.empty()) return;
+    throw InvalidArgumentError(fmt::format(
+        "dtrain::init(config): dtrain is already running with different settings:\n  {}\nCall "
+        "dtrain::shutdown() first to restart it with new settings.",
+        fmt::join(differences, "\n  ")));
+  }
   config.validate();
   set_log_level(config.log_level);
 
@@ -58,18 +151,22 @@ inline void init_impl(const Config& config, int* argc, char*** argv) {
   if (finalized)
     throw Error("dtrain::init(): MPI has already been finalized in this process and cannot be "
                 "initialized again; call dtrain::init() before MPI_Finalize()");
-  auto rt = std::make_unique<Runtime>();
+  auto rt = std::make_shared<Runtime>();
   rt->config = config;
   int initialized = 0, provided = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
-    rt->owns_mpi = true;
+    l.mpi_initialized_by_dtrain = true;
   } else {
     MPI_Query_thread(&provided);
   }
+  rt->owns_mpi = l.mpi_initialized_by_dtrain;
   if (provided < MPI_THREAD_MULTIPLE) {
-    if (rt->owns_mpi) MPI_Finalize();
+    if (rt->owns_mpi) {
+      MPI_Finalize();
+      l.mpi_initialized_by_dtrain = false;
+    }
     throw Error(fmt::format(
         "dtrain::init(): MPI provides thread level {} but dtrain needs MPI_THREAD_MULTIPLE "
         "({}) because its engine thread calls MPI while your threads may too. {}",
@@ -84,76 +181,131 @@ inline void init_impl(const Config& config, int* argc, char*** argv) {
   half_ops().create();
   rt->topology = make_topology(rt->world, config.host_id);
   log_rank.store(rt->topology.rank);
-  rt->engine = std::make_unique<Engine>(config, rt->world, &rt->topology);
-  runtime_slot() = std::move(rt);
+  try {
+    rt->engine = std::make_unique<Engine>(config, rt->world, &rt->topology);
+  } catch (...) {
+    rt->topology.free_comms();
+    MPI_Comm_free(&rt->world);
+    half_ops().destroy();
+    log_rank.store(-1);
+    throw;
+  }
+  if (l.finalize_keyval == MPI_KEYVAL_INVALID) {
+    mpi_check(MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, shut_down_before_mpi_finalize,
+                                     &l.finalize_keyval, nullptr),
+              "MPI_Comm_create_keyval");
+    mpi_check(MPI_Comm_set_attr(MPI_COMM_SELF, l.finalize_keyval, nullptr), "MPI_Comm_set_attr");
+  }
+  if (!l.exit_hook_installed) {
+    install_exit_hook();
+    l.exit_hook_installed = true;
+  }
+  std::lock_guard slot(l.slot_mutex);
+  l.running = std::move(rt);
+  l.state = State::running;
+}
+
+inline void shutdown_impl(bool inside_mpi_finalize) {
+  auto& l = lifecycle();
+  std::lock_guard lock(l.init_mutex);
+  std::shared_ptr<Runtime> rt;
+  {
+    std::lock_guard slot(l.slot_mutex);
+    rt = std::move(l.running);
+    if (!rt) return;
+    l.state = State::shut_down;
+  }
+  using Outcome = Engine::ShutdownOutcome;
+  const Outcome outcome = rt->engine->shutdown();
+  detail::log_rank.store(-1);
+  if (outcome == Outcome::blocked) {
+    // Note [Engine failure]: the engine thread is blocked inside MPI for good. Leave the engine
+    // (and MPI) as they are so the process can still exit.
+    (void)rt->engine.release();
+    log(LogLevel::warning, "dtrain: shut down after a failure; MPI is left as it is (not "
+                           "finalized) so that this process can exit");
+    return;
+  }
+  rt->engine->release_communicators();  // now: another thread may still hold the engine
+  rt->topology.free_comms();
+  MPI_Comm_free(&rt->world);
+  half_ops().destroy();
+  if (outcome == Outcome::after_failure && rt->engine->peer_lost()) {
+    // MPI_Finalize could wait for the lost rank.
+    log(LogLevel::warning, "dtrain: shut down after losing a peer; MPI is not finalized so that "
+                           "this process can exit");
+    return;
+  }
+  if (inside_mpi_finalize) return;
+  if (l.finalize_keyval != MPI_KEYVAL_INVALID) {
+    MPI_Comm_delete_attr(MPI_COMM_SELF, l.finalize_keyval);  // its callback finds nothing running
+    MPI_Comm_free_keyval(&l.finalize_keyval);
+  }
+  if (rt->owns_mpi) {
+    MPI_Finalize();
+    l.mpi_initialized_by_dtrain = false;
+  }
 }
 
 }  // namespace detail
 
 // Initializes dtrain (and MPI, unless the program already did). Reads the DTRAIN_* / HOROVOD_*
-// environment. Calling init() again while initialized does nothing.
-inline void init() { detail::init_impl(Config::from_env(), nullptr, nullptr); }
-inline void init(int& argc, char**& argv) { detail::init_impl(Config::from_env(), &argc, &argv); }
-inline void init(const Config& config) { detail::init_impl(config, nullptr, nullptr); }
+// environment. Calling init() again while initialized does nothing; init(config) with settings
+// other than the running ones is an error.
+inline void init() { detail::init_impl(Config::from_env(), nullptr, nullptr, false); }
+inline void init(int& argc, char**& argv) {
+  detail::init_impl(Config::from_env(), &argc, &argv, false);
+}
+inline void init(const Config& config) { detail::init_impl(config, nullptr, nullptr, true); }
 inline void init(const Config& config, int& argc, char**& argv) {
-  detail::init_impl(config, &argc, &argv);
+  detail::init_impl(config, &argc, &argv, true);
 }
 
-inline bool is_initialized() noexcept {
-  std::lock_guard lock(detail::runtime_mutex());
-  return detail::runtime_slot() != nullptr;
-}
+inline bool is_initialized() noexcept { return detail::running_runtime() != nullptr; }
 
 // Collective: waits for every rank to call shutdown(), stops the engine, and finalizes MPI if
-// dtrain initialized it. Idempotent.
-inline void shutdown() {
-  std::lock_guard lock(detail::runtime_mutex());
-  auto& slot = detail::runtime_slot();
-  if (!slot) return;
-  std::unique_ptr<detail::Runtime> rt = std::move(slot);
-  rt->engine->shutdown();
-  rt->engine.reset();
-  rt->topology.free_comms();
-  MPI_Comm_free(&rt->world);
-  detail::half_ops().destroy();
-  detail::log_rank.store(-1);
-  if (rt->owns_mpi) MPI_Finalize();
-}
+// dtrain initialized it. Idempotent. After a failure (Note [Engine failure]) it is local.
+inline void shutdown() { detail::shutdown_impl(false); }
 
-// RAII: init() in the constructor, shutdown() in the destructor (which never throws).
+// RAII: init() in the constructor; shutdown() in the destructor (which never throws) if this
+// Session is the one that started dtrain, so a nested Session leaves the outer one running.
 class Session {
  public:
-  Session() { init(); }
-  Session(int& argc, char**& argv) { init(argc, argv); }
-  explicit Session(const Config& config) { init(config); }
+  Session() : owns_(!is_initialized()) { init(); }
+  Session(int& argc, char**& argv) : owns_(!is_initialized()) { init(argc, argv); }
+  explicit Session(const Config& config) : owns_(!is_initialized()) { init(config); }
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
   ~Session() {
+    if (!owns_) return;
     try {
       shutdown();
     } catch (const std::exception& e) {
       detail::log(LogLevel::error, "dtrain::shutdown() failed in ~Session: {}", e.what());
     }
   }
+
+ private:
+  bool owns_;
 };
 
-inline int rank() { return detail::runtime("rank").topology.rank; }
-inline int size() { return detail::runtime("size").topology.size; }
-inline int local_rank() { return detail::runtime("local_rank").topology.local_rank; }
-inline int local_size() { return detail::runtime("local_size").topology.local_size; }
-inline int cross_rank() { return detail::runtime("cross_rank").topology.cross_rank; }
-inline int cross_size() { return detail::runtime("cross_size").topology.cross_size; }
-inline bool is_homogeneous() { return detail::runtime("is_homogeneous").topology.homogeneous; }
+inline int rank() { return detail::runtime("rank")->topology.rank; }
+inline int size() { return detail::runtime("size")->topology.size; }
+inline int local_rank() { return detail::runtime("local_rank")->topology.local_rank; }
+inline int local_size() { return detail::runtime("local_size")->topology.local_size; }
+inline int cross_rank() { return detail::runtime("cross_rank")->topology.cross_rank; }
+inline int cross_size() { return detail::runtime("cross_size")->topology.cross_size; }
+inline bool is_homogeneous() { return detail::runtime("is_homogeneous")->topology.homogeneous; }
 
 // The configuration dtrain was initialized with.
-inline const Config& config() { return detail::runtime("config").config; }
+inline Config config() { return detail::runtime("config")->config; }
 
-inline EngineStats engine_stats() { return detail::engine("engine_stats").stats(); }
+inline EngineStats engine_stats() { return detail::engine("engine_stats")->stats(); }
 
 // Timeline control at run time. Rank 0 writes the file; other ranks ignore the call.
 inline void start_timeline(const std::string& path) {
-  detail::engine("start_timeline").start_timeline(path);
+  detail::engine("start_timeline")->start_timeline(path);
 }
-inline void stop_timeline() { detail::engine("stop_timeline").stop_timeline(); }
+inline void stop_timeline() { detail::engine("stop_timeline")->stop_timeline(); }
 
 }  // namespace dtrain

@@ -17,7 +17,11 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
+
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/logging.hpp"
 
 namespace dtrain::detail {
 
@@ -36,8 +40,16 @@ class Timeline {
     if (!f)
       throw InvalidArgumentError(fmt::format("dtrain: cannot open timeline file '{}' for writing "
                                              "(DTRAIN_TIMELINE)", path));
+    // A file that opens but cannot be written (a full disk, /dev/full) fails here, not silently.
+    if (std::fputs("[\n", f) < 0 || std::fflush(f) != 0) {
+      const int err = errno;
+      std::fclose(f);
+      throw InvalidArgumentError(fmt::format("dtrain: cannot write the timeline file '{}' "
+                                             "(DTRAIN_TIMELINE): {}", path, std::strerror(err)));
+    }
     std::lock_guard lock(mutex_);
     file_ = f;
+    path_ = path;
     max_bytes_ = max_bytes;
     mark_cycles_ = mark_cycles;
     written_ = 0;
@@ -46,7 +58,7 @@ class Timeline {
     rows_.clear();
     stopping_ = false;
     active_ = true;
-    write_raw("[\n");
+    written_ = 2;
     writer_ = std::thread([this] { writer_loop(); });
   }
 
@@ -60,7 +72,9 @@ class Timeline {
     writer_.join();
     std::lock_guard lock(mutex_);
     write_raw("\n]\n");
-    std::fclose(file_);
+    const bool failed = std::ferror(file_) != 0;
+    if (std::fclose(file_) != 0 || failed)
+      log(LogLevel::error, "dtrain: writing the timeline file '{}' failed; it is incomplete", path_);
     file_ = nullptr;
     active_ = false;
   }
@@ -166,6 +180,12 @@ class Timeline {
         }
       }
       batch.clear();
+      if (!truncated_ && (std::fflush(file_) != 0 || std::ferror(file_))) {
+        // Stop recording rather than fill the log with one error per event.
+        log(LogLevel::error, "dtrain: writing the timeline file '{}' failed ({}); recording stops",
+            path_, std::strerror(errno));
+        truncated_ = true;
+      }
       lock.lock();
       if (stopping && queue_.empty()) break;
     }
@@ -177,6 +197,7 @@ class Timeline {
   std::deque<Event> queue_;
   std::thread writer_;
   std::FILE* file_ = nullptr;
+  std::string path_;
   std::unordered_map<std::string, int> rows_;
   Clock::time_point origin_ = Clock::now();
   std::int64_t max_bytes_ = 0;

@@ -23,6 +23,7 @@ struct Topology {
   bool homogeneous = true;
   std::vector<int> local_sizes;        // per host, in host order
   std::vector<int> host_of_rank;       // world rank -> host index
+  std::vector<std::string> host_names; // world rank -> its host's name (for messages)
   MPI_Comm local_comm = MPI_COMM_NULL;
   MPI_Comm cross_comm = MPI_COMM_NULL;
 
@@ -36,6 +37,15 @@ inline std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
   return buf;
+}
+
+// A host id without the "#<leader rank>" that tells apart containers sharing a host name.
+inline std::string display_host(const std::string& id) {
+  const auto hash = id.rfind('#');
+  if (hash == std::string::npos || hash + 1 == id.size()) return id;
+  for (std::size_t i = hash + 1; i < id.size(); ++i)
+    if (id[i] < '0' || id[i] > '9') return id;
+  return id.substr(0, hash);
 }
 
 // Collective over `world`. Hosts are numbered in order of their lowest world rank.
@@ -74,6 +84,7 @@ inline Topology make_topology(MPI_Comm world, const std::string& host_id_overrid
   t.host_of_rank.resize(t.size);
   for (int r = 0; r < t.size; ++r) {
     std::string h(all.data() + offsets[r], static_cast<std::size_t>(lengths[r]));
+    t.host_names.push_back(display_host(h));
     auto it = std::find(hosts.begin(), hosts.end(), h);
     t.host_of_rank[r] = static_cast<int>(it - hosts.begin());
     if (it == hosts.end()) hosts.push_back(h);

@@ -8,14 +8,25 @@
 #include "dtrain/train/serialize.hpp"
 
 namespace dtrain {
+namespace detail {
+
+// The base name of an object op's collectives ("<base>.size", "<base>.data"), given or generated.
+inline std::string object_op_name(std::string_view given, OpKind kind, std::string_view caller) {
+  NamedOp op = name_op(given, kind, caller);
+  const std::string base = op.name;
+  op.name = base + (kind == OpKind::broadcast ? ".size" : ".sizes");  // what the peers wait on first
+  checked(op, [] {});
+  return base;
+}
+
+}  // namespace detail
 
 // Returns root's value on every rank (root's own argument is returned unchanged).
 template <class T>
 T broadcast_object(const T& value, int root_rank = 0, std::string_view name = {}) {
   std::vector<char> bytes;
   if (rank() == root_rank) bytes = serialize_object(value);
-  const std::string base = name.empty() ? detail::engine("broadcast_object").generate_name(detail::OpKind::broadcast)
-                                        : std::string(name);
+  const std::string base = detail::object_op_name(name, detail::OpKind::broadcast, "broadcast_object");
   std::vector<std::int64_t> size{static_cast<std::int64_t>(bytes.size())};
   broadcast(size, root_rank, base + ".size");
   bytes.resize(static_cast<std::size_t>(size[0]));
@@ -29,8 +40,7 @@ T broadcast_object(const T& value, int root_rank = 0, std::string_view name = {}
 template <class T>
 std::vector<T> allgather_object(const T& value, std::string_view name = {}) {
   const std::vector<char> bytes = serialize_object(value);
-  const std::string base = name.empty() ? detail::engine("allgather_object").generate_name(detail::OpKind::allgather)
-                                        : std::string(name);
+  const std::string base = detail::object_op_name(name, detail::OpKind::allgather, "allgather_object");
   std::vector<std::int64_t> mine{static_cast<std::int64_t>(bytes.size())};
   const auto sizes = allgather(mine, base + ".sizes");
   std::span<const std::uint8_t> view(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());

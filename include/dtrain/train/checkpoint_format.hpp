@@ -1,0 +1,237 @@
+#pragma once
+// The checkpoint file: its layout, its validation, and the names of checkpoint files in a folder.
+//
+// Note [Checkpoint file format]
+//   header  (32 bytes)  "DTRAINCK", u32 format version, u32 byte-order probe 0x01020304,
+//                       u64 payload bytes, u64 zero
+//   payload             i64 step, i64 epoch, i64 world size, string writer,
+//                       u64 n, n x {string name, u64 bytes, bytes}             shared items
+//                       u64 m, m x {string name, world size x {u64 bytes, bytes}} per-rank items
+//   trailer (16 bytes)  u32 CRC-32C of header and payload, u32 zero, "DTRAINOK"
+// Strings are a u64 length and the bytes. Integers are in the writer's byte order, which the probe
+// records; an item's bytes are what dtrain_serialize / ObjectWriter made of it (Note [Object
+// serialization]), so a checkpoint is read back by the same program on the same kind of machine.
+// A file is valid when its magic, version, probe, length and checksum all agree; anything else is
+// reported with the first thing that disagrees, which is what the warning on a skipped file says.
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/train/crc32c.hpp"
+
+namespace dtrain::detail {
+
+inline constexpr char checkpoint_magic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'C', 'K'};
+inline constexpr char checkpoint_end_magic[8] = {'D', 'T', 'R', 'A', 'I', 'N', 'O', 'K'};
+inline constexpr std::uint32_t checkpoint_format_version = 1;
+inline constexpr std::uint32_t checkpoint_byte_order_probe = 0x01020304u;
+inline constexpr std::size_t checkpoint_header_bytes = 32;
+inline constexpr std::size_t checkpoint_trailer_bytes = 16;
+
+inline std::array<char, checkpoint_header_bytes> checkpoint_header(std::uint64_t payload_bytes) {
+  std::array<char, checkpoint_header_bytes> h{};
+  std::memcpy(h.data(), checkpoint_magic, 8);
+  std::memcpy(h.data() + 8, &checkpoint_format_version, 4);
+  std::memcpy(h.data() + 12, &checkpoint_byte_order_probe, 4);
+  std::memcpy(h.data() + 16, &payload_bytes, 8);
+  return h;
+}
+
+inline std::array<char, checkpoint_trailer_bytes> checkpoint_trailer(std::uint32_t crc) {
+  std::array<char, checkpoint_trailer_bytes> t{};
+  std::memcpy(t.data(), &crc, 4);
+  std::memcpy(t.data() + 8, checkpoint_end_magic, 8);
+  return t;
+}
+
+// Byte ranges of one item inside a payload.
+struct ItemBytes {
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
+struct CheckpointRecord {
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t world_size = 0;
+  std::string writer;
+  std::vector<std::pair<std::string, ItemBytes>> shared;
+  std::vector<std::pair<std::string, std::vector<ItemBytes>>> per_rank;  // one range per rank
+};
+
+// Bounds-checked reading of the payload's framing; throws std::string on malformed input, which
+// parse_checkpoint turns into the reason a file is skipped.
+class PayloadCursor {
+ public:
+  PayloadCursor(std::span<const char> bytes, std::size_t base) : bytes_(bytes), base_(base) {}
+  template <class T>
+  T number() {
+    T v;
+    need(sizeof(T), "a number");
+    std::memcpy(&v, bytes_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  std::string text() {
+    const auto n = number<std::uint64_t>();
+    need(n, "a name");
+    std::string s(bytes_.data() + at_, static_cast<std::size_t>(n));
+    at_ += static_cast<std::size_t>(n);
+    return s;
+  }
+  ItemBytes block() {
+    const auto n = number<std::uint64_t>();
+    need(n, "an item");
+    ItemBytes r{base_ + at_, static_cast<std::size_t>(n)};
+    at_ += static_cast<std::size_t>(n);
+    return r;
+  }
+  std::uint64_t count(std::uint64_t limit, const char* what) {
+    const auto n = number<std::uint64_t>();
+    if (n > limit) throw fmt::format("the payload claims {} {}, more than it can hold", n, what);
+    return n;
+  }
+  bool done() const noexcept { return at_ == bytes_.size(); }
+
+ private:
+  void need(std::uint64_t n, const char* what) const {
+    if (n > bytes_.size() - at_)
+      throw fmt::format("the payload ends inside {} at byte {}", what, base_ + at_);
+  }
+  std::span<const char> bytes_;
+  std::size_t base_;
+  std::size_t at_ = 0;
+};
+
+// Checks a whole file's bytes and indexes its payload. Returns the reason it is not a valid
+// checkpoint, or an empty string (and fills `record`).
+inline std::string parse_checkpoint(std::span<const char> file, CheckpointRecord& record) {
+  if (file.size() < 8 && (file.empty() || std::memcmp(file.data(), checkpoint_magic, file.size()) == 0))
+    return fmt::format("truncated: {} bytes", file.size());
+  if (file.size() < 8 || std::memcmp(file.data(), checkpoint_magic, 8) != 0)
+    return "not a dtrain checkpoint (it does not start with \"DTRAINCK\")";
+  if (file.size() < checkpoint_header_bytes + checkpoint_trailer_bytes)
+    return fmt::format("truncated: {} bytes, shorter than a header and trailer", file.size());
+  std::uint32_t version = 0, probe = 0;
+  std::uint64_t payload_bytes = 0;
+  std::memcpy(&version, file.data() + 8, 4);
+  std::memcpy(&probe, file.data() + 12, 4);
+  std::memcpy(&payload_bytes, file.data() + 16, 8);
+  if (probe != checkpoint_byte_order_probe)
+    return "written on a machine of the other byte order";
+  if (version != checkpoint_format_version)
+    return fmt::format("format version {}, this dtrain reads version {}", version,
+                       checkpoint_format_version);
+  const std::uint64_t expected = checkpoint_header_bytes + checkpoint_trailer_bytes + payload_bytes;
+  if (payload_bytes > file.size() || file.size() != expected)
+    return fmt::format("{}: {} bytes, its header announces {}",
+                       file.size() < expected ? "truncated" : "trailing bytes", file.size(),
+                       expected);
+  const char* trailer = file.data() + file.size() - checkpoint_trailer_bytes;
+  std::uint32_t trailer_zero = 0;
+  std::memcpy(&trailer_zero, trailer + 4, 4);
+  if (std::memcmp(trailer + 8, checkpoint_end_magic, 8) != 0 || trailer_zero != 0)
+    return "the trailer is damaged (it does not end in 0 and \"DTRAINOK\")";
+  std::uint32_t stored = 0;
+  std::memcpy(&stored, trailer, 4);
+  const std::uint32_t computed = crc32c(file.data(), file.size() - checkpoint_trailer_bytes);
+  if (stored != computed)
+    return fmt::format("checksum mismatch: stored CRC-32C {:08x}, contents give {:08x}", stored,
+                       computed);
+  try {
+    PayloadCursor in(file.subspan(checkpoint_header_bytes, payload_bytes), checkpoint_header_bytes);
+    CheckpointRecord r;
+    r.step = in.number<std::int64_t>();
+    r.epoch = in.number<std::int64_t>();
+    r.world_size = in.number<std::int64_t>();
+    if (r.world_size < 1) return fmt::format("world size {} in the payload", r.world_size);
+    r.writer = in.text();
+    const auto n = in.count(payload_bytes / 16, "shared items");
+    for (std::uint64_t i = 0; i < n; ++i) {
+      std::string name = in.text();
+      r.shared.emplace_back(std::move(name), in.block());
+    }
+    const auto m = in.count(payload_bytes / 8, "per-rank items");
+    for (std::uint64_t i = 0; i < m; ++i) {
+      std::string name = in.text();
+      std::vector<ItemBytes> ranks;
+      for (std::int64_t k = 0; k < r.world_size; ++k) ranks.push_back(in.block());
+      r.per_rank.emplace_back(std::move(name), std::move(ranks));
+    }
+    if (!in.done()) return "the payload has unread bytes after its last item";
+    record = std::move(r);
+  } catch (const std::string& why) {
+    return why;
+  }
+  return {};
+}
+
+// ---- file names ---------------------------------------------------------------------------------
+
+inline constexpr std::string_view checkpoint_prefix = "checkpoint-";
+inline constexpr std::string_view checkpoint_suffix = ".dtrain";
+
+inline std::string checkpoint_file_name(std::int64_t step) {
+  return fmt::format("{}{:012}{}", checkpoint_prefix, step, checkpoint_suffix);
+}
+
+// The step of "checkpoint-<digits>.dtrain", or nothing for any other name.
+inline std::optional<std::int64_t> checkpoint_step_of(std::string_view name) {
+  if (!name.starts_with(checkpoint_prefix) || !name.ends_with(checkpoint_suffix)) return {};
+  const std::string_view digits = name.substr(
+      checkpoint_prefix.size(), name.size() - checkpoint_prefix.size() - checkpoint_suffix.size());
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(),
+                                     [](char c) { return c >= '0' && c <= '9'; }))
+    return {};
+  std::int64_t step = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return {};
+  return step;
+}
+
+struct CheckpointFile {
+  std::int64_t step = 0;
+  std::filesystem::path path;
+};
+
+// Checkpoint files in `directory`, oldest step first; none if the folder does not exist.
+inline std::vector<CheckpointFile> list_checkpoint_files(const std::filesystem::path& directory) {
+  std::vector<CheckpointFile> files;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(directory, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (const auto step = checkpoint_step_of(it->path().filename().string()))
+      files.push_back({*step, it->path()});
+  }
+  std::sort(files.begin(), files.end(),
+            [](const CheckpointFile& a, const CheckpointFile& b) { return a.step < b.step; });
+  return files;
+}
+
+// The whole file, or the reason it cannot be read.
+inline std::string read_file_bytes(const std::filesystem::path& path, std::vector<char>& bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "cannot be opened";
+  const auto size = static_cast<std::size_t>(in.tellg());
+  bytes.resize(size);
+  in.seekg(0);
+  if (size > 0 && !in.read(bytes.data(), static_cast<std::streamsize>(size)))
+    return "cannot be read";
+  return {};
+}
+
+}  // namespace dtrain::detail

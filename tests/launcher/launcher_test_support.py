@@ -1,0 +1,50 @@
+"""Helpers shared by the launcher's tests: where dtrainrun and the test programs are, running
+dtrainrun, and a clean environment for it."""
+import os
+import socket
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAMS = os.path.join(HERE, "programs")
+# The build tree's dtrainrun (the installed layout); ctest sets DTRAINRUN.
+DTRAINRUN = os.environ.get("DTRAINRUN", os.path.join(HERE, "..", "..", "tools", "dtrainrun"))
+
+
+def program(name):
+    return os.path.join(PROGRAMS, name)
+
+
+def clean_env(**extra):
+    """This environment without variables that would change what dtrainrun does (a SLURM
+    allocation, cluster host lists, dtrain settings), plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "SM_", "DTRAIN_", "HOROVOD_", "DTRAINRUN_"))}
+    env.update(extra)
+    return env
+
+
+def dtrainrun(*args, env=None, timeout=120, stdin=subprocess.DEVNULL):
+    """Runs dtrainrun; returns the CompletedProcess with text stdout and stderr."""
+    return subprocess.run([DTRAINRUN, *args], env=clean_env() if env is None else env,
+                          stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=timeout, check=False, text=True, errors="surrogateescape")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def package_path():
+    """Makes `import dtrain_launcher` find the package dtrainrun runs with."""
+    entry = os.path.realpath(DTRAINRUN)
+    for root in (os.path.dirname(entry),
+                 os.path.join(os.path.dirname(os.path.dirname(entry)), "share", "dtrain",
+                              "launcher")):
+        if os.path.isdir(os.path.join(root, "dtrain_launcher")):
+            if root not in sys.path:
+                sys.path.insert(0, root)
+            return root
+    raise RuntimeError(f"no dtrain_launcher package beside {entry}")

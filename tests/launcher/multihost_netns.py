@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""A 2-host x 2-slot dtrain job across two network namespaces joined by a veth pair.
+
+Each "host" is its own network, UTS (host name), IPC and mount namespace with its own /dev/shm
+and boot id: MPICH and UCX decide that two processes share a machine from the host name, the
+boot id and the IPC namespace, so anything less lets them talk through shared memory and the
+job never touches the network (Note [Finalize over TCP]
+MPICH 4.0.2 with UCX 1.13 (Debian 12) can hang for ever in MPI_Finalize when a message between
+two hosts is still in flight as a rank enters it (UCX's TCP transport stops progressing an
+interface while an endpoint on it is still closing; openucx/ucx#8738). Measured on these
+namespaces with a program that runs dtrain::shutdown() and then MPI_Finalize itself: 7 of 8 jobs
+hung; with MPI_Barrier before MPI_Finalize 4 of 10; with a 20 ms pause 0 of 10. A job that hangs
+there is reported as such, with its output.
+
+Note [Two hosts on one machine] below). dtrainrun runs on host A;
+MPICH's Hydra reaches host B through a launcher agent that enters B's namespaces, in a clean
+environment like ssh would give, instead of ssh. The test checks:
+  1. variables: DTRAIN_* settings and -x variables reach the ranks on both hosts;
+  2. topology and hierarchical allreduce: local/cross ranks of all four ranks, a 16 MiB
+     allreduce with DTRAIN_HIERARCHICAL_ALLREDUCE=1 that is exact and ran hierarchically, and the
+     veth's byte counters proving that the data crossed the link;
+  3. training: examples/plain learns across the two hosts;
+  4. managed-cluster mode: `dtrainrun --cluster` on both hosts, the follower on host B printing
+     its own ranks' output and exiting with the job's status.
+
+Exit status: 0 passed; 77 network namespaces are not permitted here (not root, no `ip`, or the
+kernel refuses): the same job then runs with DTRAIN_HOST_ID emulation on one machine, and the
+test reports itself skipped (ctest SKIP_RETURN_CODE), because the network was not tested; any
+other status is a failure. DTRAIN_TEST_NO_NETNS=1 takes the emulation path on purpose.
+
+Note [Finalize over TCP]
+MPICH 4.0.2 with UCX 1.13 (Debian 12) can hang for ever in MPI_Finalize when a message between
+two hosts is still in flight as a rank enters it (UCX's TCP transport stops progressing an
+interface while an endpoint on it is still closing; openucx/ucx#8738). Measured on these
+namespaces with a program that runs dtrain::shutdown() and then MPI_Finalize itself: 7 of 8 jobs
+hung; with MPI_Barrier before MPI_Finalize 4 of 10; with a 20 ms pause 0 of 10. A job that hangs
+there is reported as such, with its output.
+
+Note [Two hosts on one machine]
+Measured with MPICH 4.0.2 (ch4:ucx, UCX 1.13) on Debian 12: with separate network and UTS
+namespaces only, a 16 MiB allreduce between the "hosts" moved 10 KB over the veth (UCX chose
+shared memory: it compares boot ids); with a separate IPC namespace or boot id alone the data
+crossed but the job hung at exit; with all of them (and a private /dev/shm) 16.8 MB crossed
+each way and the job ended cleanly.
+"""
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DTRAINRUN = os.environ["DTRAINRUN"]
+PROBE = os.environ["DTRAIN_TEST_PROBE"]
+PLAIN_TRAIN = os.environ["DTRAIN_TEST_PLAIN_TRAIN"]
+ENV_REPORT = os.path.join(HERE, "programs", "env_report.py")
+EMULATE = os.path.join(HERE, "programs", "emulated_host.sh")
+LOCAL_AGENT = os.path.join(HERE, "programs", "local_agent.sh")
+SKIPPED = 77
+SLOTS = 2
+ELEMENTS = 4 << 20  # floats: 16 MiB
+TIMEOUT_S = 240
+EPOCHS = 6
+
+
+class Failure(Exception):
+    pass
+
+
+def check(condition, message):
+    if not condition:
+        raise Failure(message)
+
+
+def run(argv, env=None, timeout=TIMEOUT_S):
+    done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, timeout=timeout, check=False, text=True,
+                          errors="replace")
+    return done
+
+
+JOB_TIMEOUT_S = 120
+
+
+def run_job(argv, env, what, finished):
+    """Runs one dtrainrun job. `finished(stdout)` says whether the output shows the job's work
+    done, which tells a job that hung at exit from one that hung working."""
+    try:
+        done = run(argv, env=env, timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        if finished(out):
+            raise Failure(
+                f"{what} did its work but did not exit within {JOB_TIMEOUT_S} s: its ranks hang in "
+                f"MPI_Finalize (Note [Finalize over TCP])\n{out}") from None
+        raise Failure(f"{what} did not finish within {JOB_TIMEOUT_S} s\n{out}") from None
+    require(done, what)
+    return done
+
+
+def require(done, what):
+    check(done.returncode == 0, f"{what} exited with {done.returncode}\n--- stdout\n{done.stdout}"
+                                f"\n--- stderr\n{done.stderr}")
+
+
+def rank_json(stdout, probe):
+    out = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^\[(\d+)\]<stdout>:(\{.*\})$", line)
+        if m:
+            record = json.loads(m.group(2))
+            if record.get("probe") == probe:
+                out[int(m.group(1))] = record
+    return out
+
+
+def namespaces_unavailable():
+    if os.environ.get("DTRAIN_TEST_NO_NETNS") == "1":
+        return "DTRAIN_TEST_NO_NETNS=1"
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "unshare", "mount", "hostname"):
+        if shutil.which(tool) is None:
+            return f"'{tool}' is not installed"
+    probe = f"dtrainprobe{os.getpid()}"
+    made = run(["ip", "netns", "add", probe], timeout=30)
+    if made.returncode != 0:
+        return f"`ip netns add` is refused: {made.stderr.strip()}"
+    entered = run(["ip", "netns", "exec", probe, "unshare", "--uts", "--ipc", "--mount", "true"],
+                  timeout=30)
+    run(["ip", "netns", "del", probe], timeout=30)
+    if entered.returncode != 0:
+        return f"entering namespaces is refused: {entered.stderr.strip()}"
+    return None
+
+
+class Host:
+    def __init__(self, namespace, name, address, veth):
+        self.namespace, self.name, self.address, self.veth = namespace, name, address, veth
+
+
+class TwoHosts:
+    """Two namespaced hosts joined by a veth pair, torn down on exit."""
+
+    def __enter__(self):
+        tag = f"dt{os.getpid() % 100000}"
+        self.folder = tempfile.mkdtemp(prefix="dtrain-netns-")
+        self.hosts = [Host(f"{tag}a", "dtrain-host-a", "10.200.0.1", f"{tag}va"),
+                      Host(f"{tag}b", "dtrain-host-b", "10.200.0.2", f"{tag}vb")]
+        try:
+            self._set_up()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _ip(self, *args):
+        done = run(["ip", *args], timeout=30)
+        check(done.returncode == 0, f"ip {' '.join(args)}: {done.stderr.strip()}")
+
+    def _set_up(self):
+        a, b = self.hosts
+        for h in self.hosts:
+            self._ip("netns", "add", h.namespace)
+        self._ip("link", "add", a.veth, "netns", a.namespace, "type", "veth", "peer", "name",
+                 b.veth, "netns", b.namespace)
+        for h in self.hosts:
+            self._ip("-n", h.namespace, "addr", "add", f"{h.address}/24", "dev", h.veth)
+            self._ip("-n", h.namespace, "link", "set", h.veth, "up")
+            self._ip("-n", h.namespace, "link", "set", "lo", "up")
+            h.boot_id = os.path.join(self.folder, f"boot_id.{h.name}")
+            with open(h.boot_id, "w") as f:
+                f.write(f"{uuid.uuid4()}\n")
+        # enter.sh HOST COMMAND...: runs COMMAND inside HOST's namespaces.
+        self.enter = os.path.join(self.folder, "enter.sh")
+        cases = "\n".join(
+            f"  {h.address}) ns={h.namespace} name={h.name} boot_id={h.boot_id} ;;"
+            for h in self.hosts)
+        with open(self.enter, "w") as f:
+            f.write(f"""#!/bin/sh
+host=$1
+shift
+case $host in
+{cases}
+  *) echo "enter.sh: no host $host" >&2; exit 255 ;;
+esac
+exec ip netns exec "$ns" unshare --uts --ipc --mount sh -c '
+  hostname "$1" && mount --bind "$2" /proc/sys/kernel/random/boot_id &&
+  mount -t tmpfs dtrain-shm /dev/shm && shift 2 && exec "$@"' enter.sh "$name" "$boot_id" "$@"
+""")
+        # agent.sh HOST COMMAND...: what Hydra calls instead of ssh. COMMAND is a shell command
+        # line, and the environment is as bare as an ssh login's.
+        self.agent = os.path.join(self.folder, "agent.sh")
+        with open(self.agent, "w") as f:
+            f.write(f"""#!/bin/sh
+host=$1
+shift
+exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \\
+  {self.enter} "$host" sh -c "$*"
+""")
+        os.chmod(self.enter, 0o755)
+        os.chmod(self.agent, 0o755)
+
+    def __exit__(self, *exc):
+        for h in self.hosts:
+            run(["ip", "netns", "del", h.namespace], timeout=30)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def on(self, host, argv):
+        return [self.enter, host.address, *argv]
+
+    def veth_bytes(self):
+        a = self.hosts[0]
+        counts = []
+        for direction in ("rx", "tx"):
+            done = run(["ip", "netns", "exec", a.namespace, "cat",
+                        f"/sys/class/net/{a.veth}/statistics/{direction}_bytes"], timeout=30)
+            require(done, f"reading the {direction} counter of {a.veth}")
+            counts.append(int(done.stdout))
+        return counts
+
+    def host_list(self):
+        return ",".join(f"{h.address}:{SLOTS}" for h in self.hosts)
+
+
+def probe_finished(stdout):
+    return len(rank_json(stdout, "allreduce")) == 2 * SLOTS
+
+
+def training_finished(stdout):
+    return re.search(rf"^\[0\]<stdout>:epoch +{EPOCHS} loss", stdout, re.MULTILINE) is not None
+
+
+def check_variables(stdout, where):
+    reports = {}
+    for line in stdout.splitlines():
+        m = re.match(r"^\[(\d+)\]<stdout>:(\{.*\})$", line)
+        if m:
+            reports[int(m.group(1))] = json.loads(m.group(2))["env"]
+    check(sorted(reports) == [0, 1, 2, 3], f"{where}: env reports from ranks {sorted(reports)}")
+    for rank, env in reports.items():
+        check(env == {"DTRAIN_HIERARCHICAL_ALLREDUCE": "1", "LAUNCHER_TEST_MARK": "forwarded"},
+              f"{where}: rank {rank} sees {env}")
+
+
+def check_probe(stdout, host_of_rank, where):
+    topology = rank_json(stdout, "topology")
+    check(sorted(topology) == [0, 1, 2, 3], f"{where}: topology lines from {sorted(topology)}:\n"
+                                            f"{stdout}")
+    for rank, t in topology.items():
+        expected = {"rank": rank, "size": 4, "local_rank": rank % SLOTS, "local_size": SLOTS,
+                    "cross_rank": rank // SLOTS, "cross_size": 2}
+        got = {k: t[k] for k in expected}
+        check(got == expected, f"{where}: rank {rank} has {got}, expected {expected}")
+        check(host_of_rank(t) == f"#{rank // SLOTS}",
+              f"{where}: rank {rank} ran on {t['host']} (host id '{t['host_id']}')")
+    allreduce = rank_json(stdout, "allreduce")
+    check(sorted(allreduce) == [0, 1, 2, 3], f"{where}: allreduce lines from {sorted(allreduce)}")
+    for rank, a in allreduce.items():
+        check(a["wrong"] == 0, f"{where}: rank {rank}: {a['wrong']} wrong elements")
+        check(a["hierarchical_collectives"] >= 1,
+              f"{where}: rank {rank} ran no hierarchical allreduce: {a}")
+
+
+def check_training(stdout, where):
+    losses = [float(x) for x in re.findall(r"^\[0\]<stdout>:epoch +\d+ loss ([0-9.]+)", stdout,
+                                           re.MULTILINE)]
+    check(len(losses) >= 2, f"{where}: expected an 'epoch N loss X' line per epoch from rank 0:\n"
+                            f"{stdout}")
+    check(losses[-1] < 0.6 * losses[0], f"{where}: the loss did not fall: {losses}")
+    check(re.search(r"^\[1\]<stdout>:", stdout, re.MULTILINE) is None,
+          f"{where}: only rank 0 prints")
+    return losses
+
+
+def real_hosts():
+    host_name = {"dtrain-host-a": "#0", "dtrain-host-b": "#1"}
+    env = dict(os.environ, DTRAIN_HIERARCHICAL_ALLREDUCE="1")
+    with TwoHosts() as cluster:
+        a, b = cluster.hosts
+        common = [DTRAINRUN, "-H", cluster.host_list(), "--launcher-agent", cluster.agent]
+
+        done = run_job(cluster.on(a, common + ["-x", "LAUNCHER_TEST_MARK=forwarded", "--",
+                                               ENV_REPORT, "DTRAIN_HIERARCHICAL_ALLREDUCE",
+                                               "LAUNCHER_TEST_MARK"]), env, "the variables job",
+                       lambda out: out.count('"env"') == 4)
+        check_variables(done.stdout, "namespaces")
+
+        before = cluster.veth_bytes()
+        done = run_job(cluster.on(a, common + ["--", PROBE, "--elements", str(ELEMENTS)]), env,
+                       "the probe job", probe_finished)
+        after = cluster.veth_bytes()
+        check_probe(done.stdout, lambda t: host_name.get(t["host"]), "namespaces")
+        crossed = [y - x for x, y in zip(before, after)]
+        # Each of the two cross-host allreduces carries half of the 16 MiB; at least that much
+        # must come in, and go out, over host A's end of the link.
+        check(min(crossed) >= ELEMENTS * 4 // 2,
+              f"only {crossed} bytes (received, sent) crossed the veth for a {ELEMENTS * 4} byte "
+              f"allreduce: the ranks talked through shared memory")
+        print(f"probe: topology and hierarchical allreduce correct; veth {a.veth}: received "
+              f"{crossed[0]} bytes, sent {crossed[1]} bytes")
+
+        before = cluster.veth_bytes()
+        done = run_job(cluster.on(a, common + ["--", PLAIN_TRAIN, "--epochs", str(EPOCHS)]),
+                       env, "the training job", training_finished)
+        losses = check_training(done.stdout, "namespaces")
+        crossed = [y - x for x, y in zip(before, cluster.veth_bytes())]
+        check(min(crossed) > 0, f"training moved {crossed} bytes over the veth")
+        print(f"training: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} epochs; "
+              f"veth: received {crossed[0]} bytes, sent {crossed[1]} bytes")
+
+        port = "29517"
+        cluster_env = dict(env, DTRAIN_HOSTS=",".join(h.address for h in cluster.hosts))
+        command = [DTRAINRUN, "--cluster", "--slots", str(SLOTS), "--cluster-port", port,
+                   "--launcher-agent", cluster.agent, "--cluster-timeout", "60", "--", PROBE,
+                   "--elements", "4096"]
+        follower = subprocess.Popen(cluster.on(b, command),
+                                    env=dict(cluster_env, DTRAIN_CURRENT_HOST=b.address),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+        try:
+            leader = run_job(cluster.on(a, command),
+                             dict(cluster_env, DTRAIN_CURRENT_HOST=a.address),
+                             "the cluster leader", probe_finished)
+            out, err = follower.communicate(timeout=JOB_TIMEOUT_S)
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.communicate()
+        check(follower.returncode == 0, f"the cluster follower exited with "
+                                        f"{follower.returncode}:\n{out}\n{err}")
+        check_probe(leader.stdout, lambda t: host_name.get(t["host"]), "cluster leader")
+        mine = rank_json(out, "topology")
+        check(sorted(mine) == [2, 3] and all(t["host"] == b.name for t in mine.values()),
+              f"the follower on {b.name} should print its ranks 2 and 3 only:\n{out}")
+        print("cluster mode: leader and follower exited 0; the follower printed ranks 2-3")
+
+
+def emulated_hosts():
+    host_id = {"emulated-host-0": "#0", "emulated-host-1": "#1"}
+    env = dict(os.environ, DTRAIN_HIERARCHICAL_ALLREDUCE="1")
+    env.pop("DTRAIN_HOST_ID", None)
+    common = [DTRAINRUN, "-np", str(2 * SLOTS)]
+
+    done = run_job(common + ["-x", "LAUNCHER_TEST_MARK=forwarded", "--", ENV_REPORT,
+                             "DTRAIN_HIERARCHICAL_ALLREDUCE", "LAUNCHER_TEST_MARK"], env,
+                   "the variables job", lambda out: out.count('"env"') == 4)
+    check_variables(done.stdout, "emulation")
+
+    done = run_job(common + ["--", EMULATE, str(SLOTS), PROBE, "--elements", str(ELEMENTS)], env,
+                   "the probe job", probe_finished)
+    check_probe(done.stdout, lambda t: host_id.get(t["host_id"]), "emulation")
+
+    done = run_job(common + ["--", EMULATE, str(SLOTS), PLAIN_TRAIN, "--epochs", str(EPOCHS)],
+                   env, "the training job", training_finished)
+    losses = check_training(done.stdout, "emulation")
+    print(f"training: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} epochs")
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = str(s.getsockname()[1])
+    hosts = "127.0.0.1,127.0.0.2"
+    command = [DTRAINRUN, "--cluster", "--slots", str(SLOTS), "--cluster-port", port,
+               "--launcher-agent", LOCAL_AGENT, "--cluster-timeout", "60", "--", EMULATE,
+               str(SLOTS), PROBE, "--elements", "4096"]
+    follower = subprocess.Popen(command, env=dict(env, DTRAIN_HOSTS=hosts,
+                                                  DTRAIN_CURRENT_HOST="127.0.0.2"),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        leader = run_job(command, dict(env, DTRAIN_HOSTS=hosts, DTRAIN_CURRENT_HOST="127.0.0.1"),
+                         "the cluster leader", probe_finished)
+        out, err = follower.communicate(timeout=JOB_TIMEOUT_S)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    check(follower.returncode == 0, f"the follower exited with {follower.returncode}:\n{err}")
+    check_probe(leader.stdout, lambda t: host_id.get(t["host_id"]), "emulated cluster")
+    check(sorted(rank_json(out, "topology")) == [2, 3],
+          f"the follower should print its ranks 2 and 3 only:\n{out}")
+    print("cluster mode: leader and follower exited 0; the follower printed ranks 2-3")
+
+
+def main():
+    reason = namespaces_unavailable()
+    try:
+        if reason is None:
+            real_hosts()
+            print("PASSED: a 2-host x 2-slot job across two network namespaces")
+            return 0
+        print(f"network namespaces are not available ({reason}); running the same job with "
+              f"DTRAIN_HOST_ID emulation instead")
+        emulated_hosts()
+        print(f"SKIPPED: the job passed with DTRAIN_HOST_ID emulation, but no network was "
+              f"crossed ({reason})")
+        return SKIPPED
+    except (Failure, subprocess.TimeoutExpired) as e:
+        print(f"FAILED: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Jobs run through dtrainrun on this machine: what the ranks print and how it is labelled, which
+variables reach them, and the exit status of the job."""
+import json
+import os
+import socket
+import subprocess
+import unittest
+
+from launcher_test_support import clean_env, dtrainrun, package_path, program
+
+PROBE = os.environ.get("DTRAIN_TEST_PROBE")
+HOST = socket.gethostname()
+
+
+class Output(unittest.TestCase):
+    def test_every_line_is_labelled_with_its_rank_and_stream(self):
+        done = dtrainrun("-np", "2", "--", program("output_lines.py"))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        for rank in (0, 1):
+            mine = [line for line in done.stdout.splitlines() if line.startswith(f"[{rank}]")]
+            tag = f"[{rank}]<stdout>:"
+            # In order, whole: the long line unbroken, the split line joined, the last line
+            # ended, and bytes that are not UTF-8 passed through as they are.
+            self.assertEqual(mine, [tag + f"hello from {rank}", tag, tag + "x" * 100000,
+                                    tag + "bytes \udcff\udcfe end",
+                                    tag + f"two parts of one line from {rank}",
+                                    tag + f"no newline from {rank}"])
+            self.assertIn(f"[{rank}]<stderr>:warning from {rank}\n", done.stderr)
+        self.assertEqual(len(done.stdout.splitlines()), 12)
+
+    def test_without_prefix(self):
+        done = dtrainrun("--no-prefix", "-np", "2", "--", program("output_lines.py"))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        lines = done.stdout.splitlines()
+        self.assertEqual(sorted(line for line in lines if "from" in line),
+                         sorted([f"{what} from {r}" for r in (0, 1)
+                                 for what in ("hello", "two parts of one line", "no newline")]))
+        self.assertNotIn("<stdout>", done.stdout)
+        self.assertIn("warning from 1\n", done.stderr)
+        self.assertNotIn("<stderr>", done.stderr)
+
+
+class Variables(unittest.TestCase):
+    def test_settings_and_x_variables_reach_every_rank(self):
+        names = ["DTRAIN_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME", "GIVEN", "FROM_HERE",
+                 "DTRAIN_HOSTS", "DTRAINRUN_RESTART_COUNT"]
+        env = clean_env(DTRAIN_FUSION_THRESHOLD="1048576", HOROVOD_CYCLE_TIME="3",
+                        FROM_HERE="here value", DTRAIN_HOSTS="not,for,ranks")
+        done = dtrainrun("-np", "2", "-x", "GIVEN=a=b c", "-x", "FROM_HERE", "--no-prefix",
+                         "--", program("env_report.py"), *names, env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        reports = sorted((json.loads(line) for line in done.stdout.splitlines()),
+                         key=lambda r: r["rank"])
+        self.assertEqual([r["rank"] for r in reports], [0, 1])
+        for report in reports:
+            self.assertEqual(report["env"], {
+                "DTRAIN_FUSION_THRESHOLD": "1048576", "HOROVOD_CYCLE_TIME": "3",
+                "GIVEN": "a=b c", "FROM_HERE": "here value",
+                "DTRAIN_HOSTS": None,  # dtrainrun's own input, not a dtrain setting
+                "DTRAINRUN_RESTART_COUNT": "0"})
+
+
+class ExitStatus(unittest.TestCase):
+    def run_job(self, *plan, np=3):
+        return dtrainrun("-np", str(np), "--", program("exit_codes.py"), *plan)
+
+    def test_success(self):
+        done = self.run_job()
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stderr, "")
+
+    def test_a_rank_exiting_3_makes_dtrainrun_exit_3(self):
+        done = self.run_job("1=3")
+        self.assertEqual(done.returncode, 3, done.stderr)
+        self.assertIn(f"dtrainrun: job failed: rank 1 on {HOST} exited with code 3; exiting "
+                      f"with 3", done.stderr)
+
+    def test_the_first_failure_wins(self):
+        done = self.run_job("1=3", "2=5@1.5")
+        self.assertEqual(done.returncode, 3, done.stderr)
+        done = self.run_job("1=3@1.5", "2=5")
+        self.assertEqual(done.returncode, 5, done.stderr)
+        self.assertIn(f"rank 2 on {HOST} exited with code 5", done.stderr)
+
+    def test_a_killed_rank(self):
+        done = self.run_job("2=SIGKILL")
+        self.assertEqual(done.returncode, 128 + 9, done.stderr)
+        self.assertIn(f"rank 2 on {HOST} was killed by signal 9 (SIGKILL)", done.stderr)
+
+    def test_the_others_are_stopped_when_they_would_wait_forever(self):
+        # Rank 1 fails; ranks 0 and 2 never end by themselves (as ranks waiting in MPI_Init for
+        # a rank that failed before it would). dtrainrun stops them and reports rank 1.
+        done = self.run_job("1=4", "0=hang", "2=hang")
+        self.assertEqual(done.returncode, 4, done.stderr)
+        self.assertIn(f"rank 1 on {HOST} exited with code 4", done.stderr)
+
+    @unittest.skipUnless(PROBE, "DTRAIN_TEST_PROBE (the dtrain test program) is not set")
+    def test_a_failing_mpi_rank(self):
+        # Hydra answers this by killing ranks 0 and 2 and exiting with their 9.
+        done = dtrainrun("-np", "3", "--", PROBE, "--exit-rank", "1", "--exit-code", "3")
+        self.assertEqual(done.returncode, 3, done.stderr)
+        self.assertIn(f"rank 1 on {HOST} exited with code 3", done.stderr)
+        self.assertNotIn("BAD TERMINATION", done.stdout + done.stderr)
+
+    def test_ranks_that_never_start(self):
+        # The agent that should start processes on the second host fails, and Hydra waits for
+        # ever; dtrainrun gives up after --start-timeout.
+        done = dtrainrun("-H", "localhost:1,127.0.0.2:1", "--launcher-agent", "/bin/false",
+                         "--start-timeout", "3", "--", program("exit_codes.py"))
+        self.assertEqual(done.returncode, 121, done.stderr)
+        self.assertIn("dtrainrun: job failed: rank(s) 1 did not start within 3 s", done.stderr)
+
+
+class RankWrapper(unittest.TestCase):
+    """The wrapper each rank runs in, on its own (Note [Rank records])."""
+
+    def wrap(self, *argv):
+        package_path()
+        from dtrain_launcher import records
+        done = subprocess.run([os.environ.get("DTRAINRUN", "dtrainrun"), "--rank-shim",
+                               "0123abcd", "--", *argv], env=clean_env(PMI_RANK="4"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False)
+        rest, found = records.split_records(done.stderr, "0123abcd")
+        return done, rest, found
+
+    def test_records_and_exit(self):
+        done, rest, found = self.wrap(program("exit_codes.py"), "4=6")
+        self.assertEqual(done.returncode, 6)
+        self.assertEqual(done.stdout, b"[4]<stdout>:rank 4 started\n")
+        self.assertEqual([(r["event"], r["rank"]) for r in found], [("start", 4), ("exit", 4)])
+        self.assertEqual(found[1]["code"], 6)
+
+    def test_program_that_cannot_start(self):
+        done, rest, found = self.wrap("/nonexistent/program")
+        self.assertEqual(done.returncode, 127)
+        self.assertIn(b"[4]<stderr>:dtrain: rank 4 on ", rest)
+        self.assertIn(b"cannot start /nonexistent/program: No such file or directory", rest)
+        self.assertEqual(found[-1]["code"], 127)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,99 @@
+"""End to end: the plain example trainer profiled on 2 ranks (DTRAIN_PROFILE), then dtrain-report
+on its files. Checks the profile against what the trainer did (steps, phases, bytes reduced per
+step in closed form) and that the report holds every chart and every rule. Leaves the report at
+WORK/report.html for the screenshot check.
+
+usage: run_profiled_example.py --mpiexec M --mpiexec-args "-n;2" --trainer T --report-tool R
+                               --work DIR
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+EPOCHS, SAMPLES, HIDDEN, RANKS = 4, 1500, 64, 2
+PHASES = {"data", "forward", "backward", "communication_wait", "optimizer"}
+CHARTS = ("chart-step-breakdown", "chart-step-timeline", "chart-comm-compute",
+          "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-utilization")
+RULES = ("Low GPU utilization", "Data-loader bound", "Communication bound", "Straggler rank",
+         "Batch too small for the device", "CPU oversubscribed")
+
+failures = []
+
+
+def check(ok: bool, what: str):
+    if not ok:
+        failures.append(what)
+        print(f"FAIL: {what}", file=sys.stderr)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mpiexec", required=True)
+    p.add_argument("--mpiexec-args", default="")
+    p.add_argument("--trainer", required=True)
+    p.add_argument("--report-tool", required=True)
+    p.add_argument("--work", required=True, type=Path)
+    a = p.parse_args()
+
+    profile = a.work / "profile"
+    report = a.work / "report.html"
+    shutil.rmtree(a.work, ignore_errors=True)
+    a.work.mkdir(parents=True)
+    env = dict(os.environ, DTRAIN_PROFILE=str(profile), DTRAIN_PROFILE_INTERVAL_MS="100")
+    command = [a.mpiexec] + [x for x in a.mpiexec_args.split(";") if x] + \
+        [a.trainer, "--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--hidden", str(HIDDEN)]
+    print("running:", " ".join(command), flush=True)
+    trained = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    print(trained.stdout + trained.stderr)
+    if trained.returncode != 0:
+        print(f"FAIL: the trainer exited with {trained.returncode}", file=sys.stderr)
+        return 1
+    steps_per_epoch = int(re.search(r"(\d+) steps/epoch", trained.stdout).group(1))
+
+    # The profile itself: every step of every rank, the marked phases, the gradient bytes.
+    gradient_bytes = (2 * HIDDEN + HIDDEN + 3 * HIDDEN + 3) * 4  # w1, b1, w2, b2 in float32
+    for r in range(RANKS):
+        records = [json.loads(line) for line in (profile / f"rank-{r}.jsonl").read_text()
+                   .splitlines() if line.strip()]
+        steps = [x for x in records if x["type"] == "step"]
+        check(len(steps) == EPOCHS * steps_per_epoch,
+              f"rank {r}: {len(steps)} steps recorded, expected {EPOCHS * steps_per_epoch}")
+        check(records[-1]["type"] == "end", f"rank {r}: the file does not end with an end record")
+        check(any(x["type"] == "sample" for x in records), f"rank {r}: no system sample")
+        for s in steps:
+            check(set(s["phases_ms"]) == PHASES, f"rank {r} step {s['step']}: phases "
+                  f"{sorted(s['phases_ms'])}")
+            check(s["samples"] == 32, f"rank {r} step {s['step']}: samples {s['samples']}")
+            check(s["engine"]["bytes_reduced"] == gradient_bytes,
+                  f"rank {r} step {s['step']}: {s['engine']['bytes_reduced']} bytes reduced, "
+                  f"expected the {gradient_bytes} gradient bytes")
+            if failures:
+                break
+
+    reported = subprocess.run([sys.executable, a.report_tool, str(profile), "-o", str(report)],
+                              capture_output=True, text=True, timeout=300)
+    print(reported.stdout + reported.stderr)
+    check(reported.returncode == 0, f"dtrain-report exited with {reported.returncode}")
+    check(f"{RANKS} of {RANKS} rank(s) on 1 host(s)" in reported.stdout,
+          "the report does not cover both ranks")
+    check("skipped:" not in reported.stdout, "the report skipped input from a clean run")
+    html = report.read_text() if report.exists() else ""
+    for chart in CHARTS:
+        check(f'id="{chart}"' in html, f"the report lacks {chart}")
+    for rule in RULES:
+        check(f"<h3>{rule}</h3>" in html, f"the report lacks the rule '{rule}'")
+    if failures:
+        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        return 1
+    print(f"profiled run and report OK: {report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""dtrainrun's top level: from the command line to the job's exit status."""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from typing import List, Mapping, Optional, Tuple
+
+from . import cluster, job, mpi, options, rank, records, slurm
+from .errors import EXIT_USAGE, LaunchError, UsageError
+from .hosts import Host, describe, fill, rank_hosts, read_hostfile, total_slots
+
+
+def resolve_program(name: str) -> str:
+    """The program's path here, so a missing program is refused before anything starts."""
+    if os.sep in name:
+        if os.path.isfile(name) and os.access(name, os.X_OK):
+            return name
+        reason = "no such file" if not os.path.exists(name) else "not an executable file"
+        raise UsageError(f"dtrain: program '{name}': {reason}")
+    found = shutil.which(name)
+    if found is None:
+        raise UsageError(f"dtrain: program '{name}' is not on PATH; give its path "
+                         f"(./{name} if it is in this folder)")
+    return found
+
+
+def plan_hosts(o: options.Options, env: Mapping[str, str]) -> Tuple[List[Host], str]:
+    if o.hosts is not None:
+        return o.hosts, "-H"
+    if o.hostfile is not None:
+        return read_hostfile(o.hostfile), f"--hostfile {o.hostfile}"
+    allocation = slurm.hosts_from_env(env)
+    if allocation is not None:
+        return allocation, "the SLURM allocation"
+    if o.np is None:
+        raise UsageError("dtrain: give the number of ranks with -np N (or hosts with "
+                         "-H host:slots,... or --hostfile)")
+    return [Host("localhost", o.np)], "this machine"
+
+
+def plan_layout(np: Optional[int], hosts: List[Host], source: str) -> List[Host]:
+    available = total_slots(hosts)
+    wanted = available if np is None else np
+    if wanted > available:
+        raise UsageError(f"dtrain: -np {wanted} needs {wanted} slots but {source} has "
+                         f"{available} ({describe(hosts)}); lower -np or give the hosts more "
+                         f"slots")
+    return fill(hosts, wanted)
+
+
+def layout_text(layout: List[Host]) -> str:
+    parts, first = [], 0
+    for h in layout:
+        last = first + h.slots - 1
+        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        parts.append(f"{h.name} ({ranks})")
+        first = last + 1
+    return ", ".join(parts)
+
+
+class Context:
+    """Where this dtrainrun lives: its own path (ranks run it as their wrapper), its build
+    description, and the dtrain-build-info program installed beside it."""
+
+    def __init__(self, entry_script: str, package_root: str):
+        self.entry_script = entry_script
+        self.build_config_path = os.path.join(package_root, "build.json")
+        self.build_config = mpi.read_build_config(self.build_config_path)
+        self.bin_dir = os.path.dirname(entry_script)
+
+    def version(self) -> str:
+        if self.build_config and self.build_config.get("dtrain_version"):
+            return f"dtrain {self.build_config['dtrain_version']}"
+        return "dtrain, from its source tree"
+
+    def build_info_program(self) -> Optional[str]:
+        beside = os.path.join(self.bin_dir, "dtrain-build-info")
+        if os.access(beside, os.X_OK):
+            return beside
+        return shutil.which("dtrain-build-info")
+
+
+def check_build(o: options.Options, ctx: Context) -> int:
+    ok = True
+    info = ctx.build_info_program()
+    if info is None:
+        print("dtrain: dtrain-build-info is not installed beside dtrainrun; build and install "
+              "dtrain (cmake --install) to see what it was built with")
+        ok = False
+    else:
+        done = subprocess.run([info], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, check=False)
+        sys.stdout.write(done.stdout.decode("utf-8", "replace"))
+        ok = done.returncode == 0
+    program = resolve_program(o.program[0]) if o.program else None
+    if program is not None:
+        flavor, evidence = mpi.flavor_of_program(program)
+        print(f"  program {o.program[0]}: "
+              + (f"links {flavor} ({evidence})" if flavor else f"no MPI found ({evidence})"))
+    try:
+        launcher = mpi.choose(program, o.mpi, o.launcher, ctx.build_config)
+        print(f"  launcher: {launcher.describe()}, because {launcher.reason}")
+        built = ctx.build_config.get("mpi_flavor") if ctx.build_config else None
+        if built in mpi.FLAVORS and built != launcher.flavor:
+            print(f"  warning: dtrain was built with {built}; programs built with it need "
+                  f"that MPI's launcher")
+    except UsageError as e:
+        print(f"  launcher: none usable: {e}")
+        ok = False
+    sys.stdout.flush()
+    return 0 if ok else 1
+
+
+def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: List[Host],
+            token: str, restart_count: int) -> Tuple[List[str], dict]:
+    """The launcher's command line and environment for one attempt."""
+    env = mpi.launch_environment(os.environ, o.env, restart_count)
+    argv = mpi.command(launcher, layout,
+                       [ctx.entry_script, "--rank-shim", token, "--"] + o.program,
+                       env, o.env, o.launcher_agent, os.geteuid() == 0)
+    return argv, env
+
+
+def _attempt_runner(o: options.Options, ctx: Context, launcher: mpi.Launcher,
+                    layout: List[Host], output: job.Output, interrupts: job.Interrupts):
+    np = total_slots(layout)
+
+    def attempt(number: int) -> job.Attempt:
+        token = records.new_token()
+        argv, env = _launch(o, ctx, launcher, layout, token, number)
+        if o.verbose:
+            output.note(f"dtrainrun: running {shlex.join(argv)}")
+        return job.run_attempt(argv, env, np, token, output, o.start_timeout_s, interrupts,
+                               os.path.basename(launcher.path))
+    return attempt
+
+
+def _print_dry_run(o: options.Options, ctx: Context, launcher: mpi.Launcher,
+                   layout: List[Host]) -> int:
+    print(shlex.join(_launch(o, ctx, launcher, layout, "TOKEN", 0)[0]))
+    return 0
+
+
+def _prepare(o: options.Options, ctx: Context, program: str, layout: List[Host],
+             output: job.Output) -> mpi.Launcher:
+    launcher = mpi.choose(program, o.mpi, o.launcher, ctx.build_config)
+    mpi.launch_environment(os.environ, o.env, 0)  # refuses -x NAME for an unset NAME now
+    if o.verbose:
+        output.note(f"dtrainrun: MPI: {launcher.describe()}, because {launcher.reason}")
+        output.note(f"dtrainrun: {total_slots(layout)} ranks on {layout_text(layout)}")
+    return launcher
+
+
+def run_cluster(o: options.Options, ctx: Context, program: str) -> int:
+    hosts = cluster.hosts_from_env(os.environ, o.slots)
+    if hosts.current != hosts.leader:
+        output = job.Output(o.prefix, o.verbose)
+        if o.dry_run:
+            print(f"dtrainrun: {hosts.current} would follow leader {hosts.leader} on port "
+                  f"{o.cluster_port}")
+            return 0
+        return cluster.follow(hosts, o.cluster_port, o.cluster_timeout_s, o.program, output)
+
+    layout = plan_layout(o.np, hosts.hosts, hosts.source)
+    plain = job.Output(o.prefix, o.verbose)
+    launcher = _prepare(o, ctx, program, layout, plain)
+    if o.dry_run:
+        return _print_dry_run(o, ctx, launcher, layout)
+    leader = cluster.Leader(hosts, o.cluster_port, o.program, rank_hosts(layout))
+    output = cluster.LeaderOutput(o.prefix, o.verbose, leader)
+    code, reason = 1, "the leader failed"
+    try:
+        leader.wait_for_followers(o.cluster_timeout_s, output)
+        with job.Interrupts() as interrupts:
+            code = job.run_with_restarts(_attempt_runner(o, ctx, launcher, layout, output,
+                                                         interrupts), o.restarts, output)
+        reason = "the job succeeded" if code == 0 else f"the job failed with {code}"
+    except LaunchError as e:
+        output.note(str(e))
+        code, reason = e.exit_code, str(e)
+    finally:
+        leader.finish(code, reason)
+    return code
+
+
+def run(argv: List[str], entry_script: str, package_root: str) -> int:
+    if argv[:1] == ["--rank-shim"]:
+        return rank.main(argv[1:])
+    ctx = Context(entry_script, package_root)
+    try:
+        o = options.parse(argv)
+        if o.help:
+            sys.stdout.write(options.HELP)
+            return 0
+        if o.version:
+            print(f"dtrainrun ({ctx.version()})")
+            return 0
+        if o.check_build:
+            return check_build(o, ctx)
+        program = resolve_program(o.program[0])
+        if o.cluster:
+            return run_cluster(o, ctx, program)
+        hosts, source = plan_hosts(o, os.environ)
+        layout = plan_layout(o.np, hosts, source)
+        output = job.Output(o.prefix, o.verbose)
+        launcher = _prepare(o, ctx, program, layout, output)
+        if o.dry_run:
+            return _print_dry_run(o, ctx, launcher, layout)
+        with job.Interrupts() as interrupts:
+            return job.run_with_restarts(_attempt_runner(o, ctx, launcher, layout, output,
+                                                         interrupts), o.restarts, output)
+    except UsageError as e:
+        sys.stderr.write(f"{e}\n")
+        return EXIT_USAGE
+    except LaunchError as e:
+        sys.stderr.write(f"{e}\n")
+        return e.exit_code
+    except KeyboardInterrupt:  # before the job started, or while a follower waits
+        sys.stderr.write("dtrainrun: interrupted\n")
+        return 130

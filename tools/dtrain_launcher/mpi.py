@@ -1,0 +1,214 @@
+"""Which MPI launcher starts the job, and the command line for it.
+
+Note [Which MPI launches]
+A program built against MPICH must be started by MPICH's launcher (Hydra) and one built against
+Open MPI by mpirun from the same Open MPI: the other one starts N singletons that never meet. On
+Debian both may be installed, and the unsuffixed `mpiexec` is an alternative that can point at
+either. So dtrainrun decides the flavour first, in this order, and then looks for that flavour's
+launcher by its suffixed name, checking `--version` of whatever it finds:
+  1. --launcher PATH / --mpi FLAVOUR, when given;
+  2. the MPI library the program links (ldd), when the program is a dynamic executable;
+  3. the MPI dtrain was built with (build.json, written by the install);
+  4. the only flavour whose launcher is installed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .errors import UsageError
+from .hosts import Host
+
+FLAVORS = ("mpich", "openmpi")
+_CANDIDATES = {
+    "mpich": ("mpiexec.mpich", "mpiexec.hydra", "mpirun.mpich", "mpiexec", "mpirun"),
+    "openmpi": ("mpirun.openmpi", "mpiexec.openmpi", "mpirun", "mpiexec"),
+}
+_FLAVOR_NAMES = {"mpich": "MPICH (Hydra)", "openmpi": "Open MPI"}
+
+# Variables that exist only for dtrainrun itself and are not passed to the ranks (dtrain would
+# warn about DTRAIN_ names that are not settings).
+LAUNCHER_ONLY_VARIABLES = ("DTRAIN_HOSTS", "DTRAIN_CURRENT_HOST")
+# Always passed to the ranks, besides -x names: settings (DTRAIN_*, HOROVOD_*), dtrainrun's own
+# (DTRAINRUN_*), and what finds programs and libraries on the other hosts.
+FORWARDED_PREFIXES = ("DTRAIN_", "HOROVOD_", "DTRAINRUN_")
+FORWARDED_NAMES = ("PATH", "LD_LIBRARY_PATH")
+
+
+@dataclass
+class Launcher:
+    flavor: str
+    path: str
+    version: str  # the line of `--version` that names the MPI
+    reason: str   # why this flavour: shown by --verbose and --check-build
+
+    def describe(self) -> str:
+        return f"{_FLAVOR_NAMES[self.flavor]} launcher {self.path} ({self.version})"
+
+
+Runner = Callable[[Sequence[str]], Tuple[int, str]]
+
+
+def run_quietly(argv: Sequence[str]) -> Tuple[int, str]:
+    try:
+        done = subprocess.run(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, str(e)
+    return done.returncode, done.stdout.decode("utf-8", "replace")
+
+
+def flavor_of_launcher(path: str, run: Runner = run_quietly) -> Tuple[Optional[str], str]:
+    """(flavour, version line) from `path --version`; flavour None when it is neither."""
+    _, text = run([path, "--version"])
+    if "HYDRA" in text:
+        m = re.search(r"Version:\s*(\S+)", text)
+        return "mpich", f"HYDRA {m.group(1)}" if m else "HYDRA"
+    m = re.search(r"^.*\((Open MPI|OpenRTE)\)\s*(\S+).*$", text, re.MULTILINE)
+    if m:
+        return "openmpi", f"Open MPI {m.group(2)}"
+    first = text.strip().splitlines()[0] if text.strip() else "no output"
+    return None, first
+
+
+def flavor_of_program(program: str, run: Runner = run_quietly) -> Tuple[Optional[str], str]:
+    """The MPI the program links, from ldd: (flavour, the library that says so)."""
+    if shutil.which("ldd") is None:
+        return None, "ldd is not available"
+    rc, text = run(["ldd", program])
+    if rc != 0:
+        return None, "not a dynamic executable"
+    for line in text.splitlines():
+        line = line.strip()
+        library = line.split()[0] if line else ""
+        if library.startswith("libmpich"):
+            return "mpich", library
+        if library.startswith(("libopen-pal", "libopen-rte")) or (
+                library.startswith("libmpi.so") and "openmpi" in line):
+            return "openmpi", library
+    return None, "links no MPI library"
+
+
+def read_build_config(path: Optional[str]) -> Optional[Dict[str, object]]:
+    if not path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
+           build_config: Optional[Mapping[str, object]], run: Runner = run_quietly,
+           which: Callable[[str], Optional[str]] = shutil.which) -> Launcher:
+    """See Note [Which MPI launches]. Raises UsageError when no fitting launcher exists."""
+    if launcher is not None:
+        path = which(launcher) if os.sep not in launcher else launcher
+        if path is None or not os.access(path, os.X_OK):
+            raise UsageError(f"dtrain: --launcher {launcher}: not an executable program")
+        flavor, version = flavor_of_launcher(path, run)
+        if flavor is None:
+            raise UsageError(f"dtrain: --launcher {launcher}: `{launcher} --version` names neither "
+                             f"MPICH's Hydra nor Open MPI ({version})")
+        if mpi is not None and mpi != flavor:
+            raise UsageError(f"dtrain: --launcher {launcher} is {_FLAVOR_NAMES[flavor]} but --mpi "
+                             f"says {mpi}")
+        return Launcher(flavor, path, version, "given with --launcher")
+
+    built = build_config.get("mpi_flavor") if build_config else None
+    if mpi is not None:
+        flavor, reason = mpi, "given with --mpi"
+    else:
+        linked, evidence = flavor_of_program(program, run) if program else (None, "")
+        if linked is not None:
+            flavor, reason = linked, f"the program links {evidence}"
+        elif built in FLAVORS:
+            flavor, reason = str(built), "the MPI dtrain was built with"
+        else:
+            found = [f for f in FLAVORS if _find_launcher(f, None, run, which) is not None]
+            if len(found) != 1:
+                raise UsageError(
+                    "dtrain: cannot tell which MPI to launch with: "
+                    + ("no MPICH or Open MPI launcher is installed" if not found else
+                       "both MPICH and Open MPI are installed") + "; pass --mpi mpich|openmpi")
+            flavor, reason = found[0], "the only MPI installed"
+    preferred = build_config.get("mpiexec") if build_config and built == flavor else None
+    found_launcher = _find_launcher(flavor, preferred, run, which)
+    if found_launcher is None:
+        names = ", ".join(_CANDIDATES[flavor])
+        raise UsageError(f"dtrain: the job needs {_FLAVOR_NAMES[flavor]} ({reason}) but none of "
+                         f"{names} on PATH is that MPI's launcher; install it or pass --launcher")
+    path, version = found_launcher
+    return Launcher(flavor, path, version, reason)
+
+
+def _find_launcher(flavor: str, preferred: Optional[object], run: Runner,
+                   which: Callable[[str], Optional[str]]) -> Optional[Tuple[str, str]]:
+    candidates: List[str] = []
+    if isinstance(preferred, str) and preferred:
+        candidates.append(preferred)
+    for name in _CANDIDATES[flavor]:
+        path = which(name)
+        if path is not None:
+            candidates.append(path)
+    for path in candidates:
+        if not os.access(path, os.X_OK):
+            continue
+        got, version = flavor_of_launcher(path, run)
+        if got == flavor:
+            return path, version
+    return None
+
+
+def launch_environment(base: Mapping[str, str], assignments: Sequence[Tuple[str, Optional[str]]],
+                       restart_count: int) -> Dict[str, str]:
+    """The environment the MPI launcher starts with; what the ranks see comes from it."""
+    env = {k: v for k, v in base.items() if k not in LAUNCHER_ONLY_VARIABLES}
+    for name, value in assignments:
+        if value is not None:
+            env[name] = value
+        elif name not in env:
+            raise UsageError(f"dtrain: -x {name}: {name} is not set here; give it a value with "
+                             f"-x {name}=VALUE")
+    env["DTRAINRUN_RESTART_COUNT"] = str(restart_count)
+    return env
+
+
+def forwarded_names(env: Mapping[str, str],
+                    assignments: Sequence[Tuple[str, Optional[str]]]) -> List[str]:
+    names = {k for k in env if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
+    names.update(name for name, _ in assignments)
+    return sorted(names)
+
+
+def command(launcher: Launcher, layout: Sequence[Host], rank_command: Sequence[str],
+            env: Mapping[str, str], assignments: Sequence[Tuple[str, Optional[str]]],
+            agent: Optional[str], as_root: bool) -> List[str]:
+    """The launcher's command line for `layout` (hosts with their rank counts, in rank order)."""
+    np = sum(h.slots for h in layout)
+    hosts = ",".join(f"{h.name}:{h.slots}" for h in layout)
+    if launcher.flavor == "mpich":
+        # -genvall is Hydra's default, stated so that HYDRA_ENV cannot turn it off: every rank,
+        # on every host, gets the launcher's environment, which holds the -x values.
+        argv = [launcher.path, "-genvall", "-hosts", hosts, "-n", str(np)]
+        if agent:
+            # rsh calls the agent as `agent host command...`, like Open MPI's plm_rsh_agent.
+            argv += ["-launcher", "rsh", "-launcher-exec", agent]
+    else:
+        # Open MPI passes only the variables named with -x. Slot mapping and no binding match
+        # Hydra's placement (rank r on the host whose slots hold r) and its default of no binding.
+        argv = [launcher.path, "-np", str(np), "-H", hosts, "--map-by", "slot",
+                "--bind-to", "none"]
+        if as_root:
+            argv.append("--allow-run-as-root")
+        for name in forwarded_names(env, assignments):
+            argv += ["-x", name]
+        if agent:
+            argv += ["--mca", "plm_rsh_agent", agent]
+    return argv + list(rank_command)

@@ -1,0 +1,119 @@
+"""SLURM allocations: the compressed node and task lists SLURM puts in the environment of a batch
+script (sbatch) or an interactive allocation (salloc)."""
+from __future__ import annotations
+
+import re
+from typing import List, Mapping, Optional
+
+from .errors import UsageError
+from .hosts import Host, check_host_name
+
+
+def _split_top_level(text: str, where: str) -> List[str]:
+    """Splits at commas outside brackets: 'a[1,3],b' -> ['a[1,3]', 'b']."""
+    parts, depth, start = [], 0, 0
+    for i, c in enumerate(text):
+        if c == "[":
+            depth += 1
+            if depth > 1:
+                raise UsageError(f"dtrain: {where}: nested '[' in '{text}'")
+        elif c == "]":
+            depth -= 1
+            if depth < 0:
+                raise UsageError(f"dtrain: {where}: ']' without '[' in '{text}'")
+        elif c == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise UsageError(f"dtrain: {where}: '[' without ']' in '{text}'")
+    parts.append(text[start:])
+    return parts
+
+
+def _expand_range_list(body: str, item: str, where: str) -> List[str]:
+    """'01-03,7' -> ['01', '02', '03', '7']; a range keeps the zero padding of its first bound."""
+    out = []
+    for piece in body.split(","):
+        m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", piece)
+        if not m:
+            raise UsageError(f"dtrain: {where}: '[{body}]' in '{item}' is not a list of numbers "
+                             f"and ranges like 01-04")
+        low_text, high_text = m.group(1), m.group(2)
+        if high_text is None:
+            out.append(low_text)
+            continue
+        low, high = int(low_text), int(high_text)
+        if high < low:
+            raise UsageError(f"dtrain: {where}: range '{piece}' in '{item}' runs backwards")
+        width = len(low_text)
+        out.extend(str(n).zfill(width) for n in range(low, high + 1))
+    return out
+
+
+def expand_nodelist(text: str, where: str = "SLURM_JOB_NODELIST") -> List[str]:
+    """'node[01-04,07],gpu-a[1-2]' -> node01 ... node04, node07, gpu-a1, gpu-a2. A name may hold
+    several bracket groups (rack[1-2]-n[1-2]); they expand as a product, leftmost slowest."""
+    text = text.strip()
+    if not text:
+        raise UsageError(f"dtrain: {where} is empty")
+    names: List[str] = []
+    for item in _split_top_level(text, where):
+        if not item:
+            raise UsageError(f"dtrain: {where}: empty entry in '{text}'")
+        expanded = [""]
+        for m in re.finditer(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            literal, body = m.group(1), m.group(2)
+            if literal == "" and body is None:
+                continue
+            options = [""] if body is None else _expand_range_list(body, item, where)
+            expanded = [prefix + literal + o for prefix in expanded for o in options]
+        for name in expanded:
+            check_host_name(name, where)
+        names.extend(expanded)
+    return names
+
+
+def expand_tasks_per_node(text: str, where: str = "SLURM_TASKS_PER_NODE") -> List[int]:
+    """'2(x3),1' -> [2, 2, 2, 1]."""
+    counts: List[int] = []
+    for piece in text.strip().split(","):
+        m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", piece.strip())
+        if not m:
+            raise UsageError(f"dtrain: {where}='{text}': '{piece}' is not N or N(xR)")
+        count, repeat = int(m.group(1)), int(m.group(2) or 1)
+        if count < 1 or repeat < 1:
+            raise UsageError(f"dtrain: {where}='{text}': '{piece}' gives a node no tasks")
+        counts.extend([count] * repeat)
+    return counts
+
+
+def in_allocation(env: Mapping[str, str]) -> bool:
+    return bool(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST"))
+
+
+def hosts_from_env(env: Mapping[str, str]) -> Optional[List[Host]]:
+    """The allocation's nodes with their task counts as slots, or None outside an allocation.
+    Task counts come from SLURM_TASKS_PER_NODE (the allocation's real layout), else
+    SLURM_NTASKS_PER_NODE (--ntasks-per-node), else one per node."""
+    nodelist_var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    nodelist = env.get(nodelist_var)
+    if not nodelist:
+        return None
+    nodes = expand_nodelist(nodelist, nodelist_var)
+    if env.get("SLURM_TASKS_PER_NODE"):
+        counts = expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+        if len(counts) != len(nodes):
+            raise UsageError(
+                f"dtrain: SLURM_TASKS_PER_NODE='{env['SLURM_TASKS_PER_NODE']}' gives {len(counts)} "
+                f"task counts but {nodelist_var}='{nodelist}' has {len(nodes)} nodes")
+    elif env.get("SLURM_NTASKS_PER_NODE"):
+        counts = expand_tasks_per_node(env["SLURM_NTASKS_PER_NODE"], "SLURM_NTASKS_PER_NODE")
+        if len(counts) != 1:
+            raise UsageError(f"dtrain: SLURM_NTASKS_PER_NODE='{env['SLURM_NTASKS_PER_NODE']}' "
+                             f"is not one number")
+        counts = counts * len(nodes)
+    else:
+        counts = [1] * len(nodes)
+    if len(set(nodes)) != len(nodes):
+        raise UsageError(f"dtrain: {nodelist_var}='{nodelist}' names a node twice")
+    return [Host(n, c) for n, c in zip(nodes, counts)]

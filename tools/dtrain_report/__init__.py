@@ -1,0 +1,16 @@
+"""dtrain-report: turns the per-rank profiles written by dtrain::Profiler into one HTML report
+with charts and rule findings. Python 3 standard library only, so it runs wherever the training
+ran, without a network or packages to install.
+
+Modules, in the order data flows through them:
+  profile_reader  reads and validates the JSON Lines files (the schema: Note [Profile schema]
+                  in include/dtrain/profile/records.hpp) and says what it skipped
+  analysis        per-rank and per-step figures the rules and charts share
+  thresholds      the rules' configurable thresholds
+  rules           the findings: each rule's verdict, evidence and suggestion
+  svg, charts     inline SVG charts
+  html_report     the self-contained page
+  cli             the command line
+"""
+
+SUPPORTED_FORMAT_VERSION = 1
