@@ -70,7 +70,16 @@ epoch and gradients are averaged before each step, so the global batch is N x --
   --augment                 random crop with padding and horizontal flip
   --image-size N            imagefolder and synthetic image side (default 64 and 32)
   --synthetic-samples N     synthetic training samples (default 4096; test: N/8)
-  --checkpoint-dir DIR      write DIR/model.pt and DIR/optimizer.pt after every epoch
+  --checkpoint-dir DIR      checkpoint the training state (model, optimizer, data position,
+                            generators) into DIR after every epoch (dtrain::Checkpoint)
+  --checkpoint-every N      also every N steps within an epoch (default 0: epoch ends only)
+  --keep-checkpoints K      keep the newest K checkpoints (default 3; 0 keeps all)
+  --resume                  continue from the newest valid checkpoint in --checkpoint-dir, if
+                            there is one; the same command serves the first start and restarts
+  --save-model FILE         write the final model with torch::save (rank 0)
+  --crash-rank R            testing restarts: rank R kills itself with SIGKILL after the step
+  --crash-after-step N      of --crash-after-step, once the checkpoints before it are on disk;
+                            a run that resumed does not crash again
   --quiet                   print only the final summary
   --help                    print this text
 )";
@@ -140,9 +149,17 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       {"image-size", integer(o.image_size, 1)},
       {"synthetic-samples", integer(o.synthetic_samples, 2)},
       {"checkpoint-dir", text(o.checkpoint_dir)},
+      {"checkpoint-every", integer(o.checkpoint_every, 0)},
+      {"keep-checkpoints", integer(o.keep_checkpoints, 0)},
+      {"save-model", text(o.save_model)},
+      {"crash-rank", integer(o.crash_rank, 0)},
+      {"crash-after-step", integer(o.crash_after_step, 1)},
   };
-  const std::map<std::string, bool*> switches = {
-      {"augment", &o.augment}, {"scale-lr", &o.scale_lr}, {"quiet", &o.quiet}, {"help", &o.help}};
+  const std::map<std::string, bool*> switches = {{"augment", &o.augment},
+                                                 {"scale-lr", &o.scale_lr},
+                                                 {"resume", &o.resume},
+                                                 {"quiet", &o.quiet},
+                                                 {"help", &o.help}};
 
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -169,6 +186,13 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     } else {
       throw UsageError("unknown option '--" + flag + "'");
     }
+  }
+  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every > 0)) {
+    throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
+                     " needs --checkpoint-dir: the folder that holds the checkpoints");
+  }
+  if ((o.crash_rank >= 0) != (o.crash_after_step > 0)) {
+    throw UsageError("--crash-rank and --crash-after-step go together");
   }
   if (o.warmup_epochs > static_cast<double>(o.epochs)) {
     std::ostringstream message;

@@ -35,7 +35,13 @@ struct TrainOptions {
   bool augment = false;                  // random crop (padding 2 or 4) + flip
   std::int64_t image_size = 0;           // imagefolder / synthetic; 0: 64 resp. 32
   std::int64_t synthetic_samples = 4096;
-  std::string checkpoint_dir;  // empty: no checkpoints
+  std::string checkpoint_dir;           // empty: no checkpoints
+  std::int64_t checkpoint_every = 0;    // steps between checkpoints; 0: at each epoch's end only
+  std::int64_t keep_checkpoints = 3;    // newest kept; 0: all
+  bool resume = false;                  // continue from the newest valid checkpoint, if any
+  std::string save_model;               // empty: no final model file
+  std::int64_t crash_rank = -1;         // testing restarts: this rank dies with SIGKILL ...
+  std::int64_t crash_after_step = 0;    // ... after this step, unless the run resumed
   bool quiet = false;
   bool help = false;
 };

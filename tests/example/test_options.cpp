@@ -71,6 +71,17 @@ TEST_CASE("every flag, in both spellings") {
                                                                 "256",
                                                                 "--checkpoint-dir",
                                                                 "ckpt",
+                                                                "--checkpoint-every",
+                                                                "25",
+                                                                "--keep-checkpoints",
+                                                                "2",
+                                                                "--resume",
+                                                                "--save-model",
+                                                                "final.pt",
+                                                                "--crash-rank",
+                                                                "1",
+                                                                "--crash-after-step",
+                                                                "30",
                                                                 "--quiet"});
   CHECK(o.model == "resnet56");
   CHECK(o.dataset == "cifar10");
@@ -92,6 +103,12 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.image_size == 48);
   CHECK(o.synthetic_samples == 256);
   CHECK(o.checkpoint_dir == "ckpt");
+  CHECK(o.checkpoint_every == 25);
+  CHECK(o.keep_checkpoints == 2);
+  CHECK(o.resume);
+  CHECK(o.save_model == "final.pt");
+  CHECK(o.crash_rank == 1);
+  CHECK(o.crash_after_step == 30);
   CHECK(o.quiet);
   CHECK_FALSE(o.help);
   CHECK(parse_options(std::vector<std::string>{"--help"}).help);
@@ -119,6 +136,12 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
   CHECK(usage_error({"--scale-lr=2"}) == "--scale-lr takes no value");
   CHECK(usage_error({"--norm", "layer"}) == "--norm must be batch or group, got layer");
   CHECK(usage_error({"--stem", "large"}) == "--stem must be auto, standard or small, got large");
+  CHECK(usage_error({"--resume"}) ==
+        "--resume needs --checkpoint-dir: the folder that holds the checkpoints");
+  CHECK(usage_error({"--checkpoint-every", "10"}) ==
+        "--checkpoint-every needs --checkpoint-dir: the folder that holds the checkpoints");
+  CHECK(usage_error({"--keep-checkpoints", "-1"}) == "--keep-checkpoints must be >= 0, got -1");
+  CHECK(usage_error({"--crash-rank", "0"}) == "--crash-rank and --crash-after-step go together");
   CHECK(usage_error({"--epochs", "2", "--warmup-epochs", "3"}) ==
         "--warmup-epochs (3) must not exceed --epochs (2)");
 }
@@ -132,7 +155,9 @@ TEST_CASE("the usage text documents every flag") {
         "--warmup-epochs",  "--seed",    "--threads",    "--max-steps-per-epoch",
         "--eval-samples",   "--augment", "--image-size", "--synthetic-samples",
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
-        "--scale-lr",       "--norm",    "mpiexec -n N", "--stem"}) {
+        "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
+        "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
+        "--crash-rank",     "--crash-after-step"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -104,8 +104,7 @@ struct Deadline {
 class Backoff {
  public:
   void pause() {
-    // Qualified: dtrain::detail::milliseconds (profile/records.hpp) would hide std::chrono's
-    // behind a using-directive.
+    // Qualified: dtrain::detail has a milliseconds() of its own (the profiler's records).
     const auto waited = Deadline::Clock::now() - start_;
     if (waited < std::chrono::microseconds(50)) return;
     if (waited < std::chrono::milliseconds(2)) {
