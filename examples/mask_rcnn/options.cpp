@@ -47,8 +47,8 @@ N x --batch-size.
 Data
   --dataset NAME            shapes (default): generated circles, squares and triangles; or coco
   --shapes-train N          shapes: training images (default 20000)
-  --shapes-val N            shapes: held-out evaluation images (default 500)
-  --shapes-size MIN,MAX     shapes: image sides in [MIN, MAX] (default 96,160)
+  --shapes-val N            shapes: held-out evaluation images (default 200)
+  --shapes-size MIN,MAX     shapes: image sides in [MIN, MAX] (default 64,96)
   --train-annotations FILE  coco: instances file for training (e.g. instances_train2017.json)
   --train-images DIR        coco: its image folder (e.g. train2017)
   --val-annotations FILE    coco: instances file for evaluation (e.g. instances_val2017.json)
@@ -59,18 +59,18 @@ Data
 
 Training
   --model NAME              tiny (default), small, resnet18, resnet34
-  --iterations N            global steps (default 3000)
-  --batch-size N            images per step on each rank (default 4)
+  --iterations N            global steps (default 1200)
+  --batch-size N            images per step on each rank (default 2)
   --lr X                    SGD learning rate for the global batch (default 0.02); a linear
                             warmup from X/100, then X/10 at 3/4 and X/100 at 11/12 of the run
-  --warmup-iterations N     (default 200)
+  --warmup-iterations N     (default 100)
   --momentum X              (default 0.9)
   --weight-decay X          (default 1e-4)
   --no-shuffle              batches in size order, the same on every run (for comparisons)
   --seed N                  seed of the weights, the data order, the shapes (default 1)
   --threads N               intra-op threads per rank (default 0: cores / ranks on the host)
   --device NAME             cpu (default) or cuda: each rank on GPU (local rank mod GPUs)
-  --log-every N             a progress line every N iterations (default 20)
+  --log-every N             a progress line every N iterations (default 50)
 
 Evaluation and output
   --out DIR                 output folder (default mask_rcnn_output)

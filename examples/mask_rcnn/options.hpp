@@ -24,17 +24,17 @@ struct TrainOptions {
   std::int64_t min_size = 800;   // coco: shorter image side
   std::int64_t max_size = 1333;  // coco: longer image side at most
   std::int64_t shapes_train = 20000;  // shapes: training images (a set fixed by --seed)
-  std::int64_t shapes_val = 500;      // shapes: held-out images (another seed)
-  std::int64_t shapes_min_side = 96;
-  std::int64_t shapes_max_side = 160;
+  std::int64_t shapes_val = 200;      // shapes: held-out images (another seed)
+  std::int64_t shapes_min_side = 64;
+  std::int64_t shapes_max_side = 96;
 
   std::string model = "tiny";
-  std::int64_t iterations = 3000;  // global steps
-  std::int64_t batch_size = 4;     // images per step on each rank
+  std::int64_t iterations = 1200;  // global steps
+  std::int64_t batch_size = 2;     // images per step on each rank
   double lr = 0.02;                // for the global batch (ranks x --batch-size images)
   double momentum = 0.9;
   double weight_decay = 1e-4;
-  std::int64_t warmup_iterations = 200;
+  std::int64_t warmup_iterations = 100;
   bool flip = false;               // random horizontal flips (default on for coco)
   bool shuffle = true;
   std::uint64_t seed = 1;
@@ -47,7 +47,7 @@ struct TrainOptions {
   bool evaluate = true;            // --no-eval: skip the evaluation after training
   std::int64_t eval_images = 0;    // 0: the whole evaluation set
   std::int64_t png_images = 8;     // validation images drawn into predictions.png
-  std::int64_t log_every = 20;
+  std::int64_t log_every = 50;
   bool smoke = false;
   bool help = false;
 };
