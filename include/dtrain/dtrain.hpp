@@ -4,7 +4,7 @@
 // the profiler.
 // Opt-in extras: <dtrain/torch.hpp> (libtorch tensors and optimizers), <dtrain/cuda.hpp>
 // (CUDA/NCCL device path; link dtrain::cuda).
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/runtime.hpp"

@@ -66,6 +66,34 @@ TEST_CASE("a burst of tensors is fused into fewer collectives than tensors") {
   if (rank == 0) CHECK(after.fused_tensors > before.fused_tensors);
 }
 
+TEST_CASE("engine counters: payload bytes by kind, fused bytes, negotiation and collective time") {
+  test::Initialized dt;
+  const int rank = dtrain::rank(), size = dtrain::size();
+  std::vector<float> a(1000, 1.0f), b(24, 1.0f);
+  std::vector<double> c(10, 2.0);
+  const auto before = engine_stats();
+  auto ha = allreduce_async(a, {.op = ReduceOp::Sum, .name = "counted.a"});
+  auto hb = allreduce_async(b, {.op = ReduceOp::Sum, .name = "counted.b"});
+  ha.wait();
+  hb.wait();
+  broadcast(c, 0, "counted.c");
+  std::vector<std::int32_t> rows(3 * (rank + 1), rank);
+  auto gathered = allgather(rows, "counted.rows");
+  const auto after = engine_stats();
+  CHECK(after.allreduce_bytes - before.allreduce_bytes == (1000 + 24) * sizeof(float));
+  CHECK(after.broadcast_bytes - before.broadcast_bytes == 10 * sizeof(double));
+  CHECK(after.allgather_bytes - before.allgather_bytes == rows.size() * sizeof(std::int32_t));
+  CHECK(after.alltoall_bytes == before.alltoall_bytes);
+  // Fused or not, depending on when each rank's submissions arrived: consistent either way.
+  const auto fused_tensors = after.fused_tensors_executed - before.fused_tensors_executed;
+  const auto fused_bytes = after.fused_bytes - before.fused_bytes;
+  CHECK((fused_tensors == 0 || fused_tensors == 2));
+  CHECK(fused_bytes == (fused_tensors == 2 ? (1000 + 24) * sizeof(float) : 0));
+  CHECK(after.negotiation_ns > before.negotiation_ns);
+  CHECK(after.collective_ns > before.collective_ns);
+  if (rank == 0 && size > 1) CHECK(after.wait_for_slowest_ns >= before.wait_for_slowest_ns);
+}
+
 TEST_CASE("with fusion disabled every tensor is its own collective") {
   Config c = Config::from_env();
   c.fusion_threshold_bytes = 0;

@@ -3,11 +3,12 @@
 
     run_faults.py --mpiexec MPIEXEC --program fault_program --np N SCENARIO
 
-Scenarios where a rank dies run the job the way dtrainrun does, with the launcher's automatic
-cleanup off (MPICH: -disable-auto-cleanup), so the survivors live to report; each survivor must
-report the lost rank and its host, the job must end, and its exit status must say it failed.
-`kill-autocleanup` shows the plain launcher's behaviour (it kills the survivors at once). Exit
-status 0 means the scenario behaved as documented.
+Scenarios where a rank leaves or freezes run with the launcher's automatic cleanup off (MPICH:
+-disable-auto-cleanup), so the survivors live to report; each survivor must report the lost rank
+and its host, the job must end, and its exit status must say it failed. `freeze` stops a rank
+with SIGSTOP and no op timeout: only the heartbeats can tell the survivors. `kill-autocleanup`
+and `kill-dtrainrun` show what the launchers do with a rank killed by a signal (they end the job
+at once, naming the rank). Exit status 0 means the scenario behaved as documented.
 """
 import argparse
 import os
@@ -65,6 +66,7 @@ def main():
     parser.add_argument("--mpiexec", required=True)
     parser.add_argument("--program", required=True)
     parser.add_argument("--np", type=int, default=3)
+    parser.add_argument("--dtrainrun", help="the dtrainrun script, for kill-dtrainrun")
     parser.add_argument("scenario")
     args = parser.parse_args()
     np, dead = args.np, args.np - 1
@@ -89,8 +91,10 @@ def main():
                 fail("the launcher reported success for a job that lost a rank")
             print(f"measured: job ended {took:.1f} s after it started (the rank died at step 20, "
                   f"about 0.1 s in); launcher exit status {rc}")
-        elif s == "stop":
-            env["DTRAIN_OP_TIMEOUT_SECONDS"] = "2"
+        elif s in ("stop", "freeze"):
+            # stop: the op timeout ends the frozen collective. freeze: no op timeout, so the
+            # survivors learn of the frozen rank from its missing heartbeats alone.
+            env["DTRAIN_OP_TIMEOUT_SECONDS"] = "2" if s == "stop" else "0"
             proc_out = []
             # The frozen rank never exits on its own: run in the background and end it once the
             # survivors have reported.
@@ -124,8 +128,12 @@ def main():
                 rest, _ = proc.communicate()
             out = "".join(proc_out) + rest
             print(out)
-            check_survivors(out, np, dead, ["'big'", "DTRAIN_OP_TIMEOUT_SECONDS"], "TimeoutError")
-            print(f"measured: every survivor had its TimeoutError, saved and exited {took:.1f} s "
+            if s == "stop":
+                check_survivors(out, np, dead, ["'big'", "DTRAIN_OP_TIMEOUT_SECONDS"],
+                                "TimeoutError")
+            else:
+                check_survivors(out, np, dead, [f"rank {dead} on host {host} stopped responding"])
+            print(f"measured: every survivor had its error, saved and exited {took:.1f} s "
                   "after the job started")
         elif s == "kill-autocleanup":
             rc, out, took = run([args.mpiexec, "-n", str(np), args.program, "loop", str(dead),
@@ -136,6 +144,18 @@ def main():
             if "KILLED BY SIGNAL: 9" not in out and "signal 9" not in out:
                 fail("the launcher did not name the killed process")
             print(f"measured: the launcher ended the job {took:.1f} s after it started; "
+                  f"exit status {rc}")
+        elif s == "kill-dtrainrun":
+            if not args.dtrainrun:
+                fail("kill-dtrainrun needs --dtrainrun")
+            rc, out, took = run([sys.executable, args.dtrainrun, "-np", str(np), "--",
+                                 args.program, "loop", str(dead), "20", "kill"], env, work)
+            print(out)
+            if rc != 128 + signal.SIGKILL:
+                fail(f"dtrainrun exited with {rc}, not the killed rank's {128 + signal.SIGKILL}")
+            if f"rank {dead} on {host} was killed by signal 9 (SIGKILL)" not in out:
+                fail("dtrainrun did not name the killed rank and the signal")
+            print(f"measured: dtrainrun ended the job {took:.1f} s after it started; "
                   f"exit status {rc}")
         else:
             fail(f"unknown scenario {s}")

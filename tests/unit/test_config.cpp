@@ -53,6 +53,8 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return c.autotune; }, {"tru"}},
       {"AUTOTUNE_LOG", [](const Config& c) { return c.autotune_log.empty(); }, "tune.csv",
        [](const Config& c) { return c.autotune_log == "tune.csv"; }, {}},
+      {"AUTOTUNE_CACHE", [](const Config& c) { return c.autotune_cache.empty(); }, "tuned.txt",
+       [](const Config& c) { return c.autotune_cache == "tuned.txt"; }, {}},
       {"AUTOTUNE_WARMUP_SAMPLES", [](const Config& c) { return c.autotune_warmup_samples == 3; },
        "0", [](const Config& c) { return c.autotune_warmup_samples == 0; },
        {"-1", "3000000000", "x"}},
@@ -116,7 +118,7 @@ TEST_CASE("the test table covers every setting") {
   std::set<std::string> tested;
   for (const KnobCase& k : knob_cases()) tested.insert(k.suffix);
   CHECK(known == tested);
-  CHECK(known.size() == 24);
+  CHECK(known.size() == 25);
 }
 
 TEST_CASE("an empty environment gives the documented defaults, which validate") {

@@ -34,7 +34,7 @@ ENGINE_COUNTERS = {
     "fused_bytes": "bytes carried by fused collectives on this rank",
     "fused_tensors_executed": "tensors carried by fused collectives on this rank",
     "negotiation_ns": "time from submitting ops to receiving their responses, summed over ops",
-    "wait_for_slowest_ns": "time this rank's ops waited for the last rank to submit them",
+    "wait_for_slowest_ns": "per op, from the first rank's submission to the last one's, summed (rank 0 only)",
     "collective_ns": "time the engine spent executing collectives",
 }
 

@@ -163,7 +163,8 @@ def _engine_evidence(s: RankSummary, comm_ms: float) -> str:
     if "negotiation_ns" in e:
         parts.append(f"{_ms(e['negotiation_ns'] / 1e6)} negotiating")
     if "wait_for_slowest_ns" in e:
-        parts.append(f"{_ms(e['wait_for_slowest_ns'] / 1e6)} waiting for the slowest rank")
+        if e["wait_for_slowest_ns"] > 0:  # recorded by rank 0
+            parts.append(f"{_ms(e['wait_for_slowest_ns'] / 1e6)} waiting for the slowest rank")
     return "; per step the engine ran " + ", ".join(parts) if parts else ""
 
 

@@ -19,9 +19,9 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/host_collectives.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/runtime/fusion_buffer.hpp"
 
 namespace dtrain::detail {
 

@@ -32,6 +32,7 @@ struct Config {
   std::int64_t timeline_max_bytes = 1073741824;      // DTRAIN_TIMELINE_MAX_BYTES; 0 = no cap
   bool autotune = false;                             // DTRAIN_AUTOTUNE
   std::string autotune_log;                          // DTRAIN_AUTOTUNE_LOG
+  std::string autotune_cache;                        // DTRAIN_AUTOTUNE_CACHE
   int autotune_warmup_samples = 3;                   // DTRAIN_AUTOTUNE_WARMUP_SAMPLES
   int autotune_steps_per_sample = 10;                // DTRAIN_AUTOTUNE_STEPS_PER_SAMPLE
   int autotune_bayes_opt_max_samples = 20;           // DTRAIN_AUTOTUNE_BAYES_OPT_MAX_SAMPLES
@@ -126,6 +127,7 @@ void for_each_knob(Visitor&& visit) {
       "cap"});
   visit(BoolKnob{"AUTOTUNE", "autotune", &Config::autotune});
   visit(StringKnob{"AUTOTUNE_LOG", "autotune_log", &Config::autotune_log});
+  visit(StringKnob{"AUTOTUNE_CACHE", "autotune_cache", &Config::autotune_cache});
   visit(IntKnob<int>{"AUTOTUNE_WARMUP_SAMPLES", "autotune_warmup_samples",
                      &Config::autotune_warmup_samples, 0, int_max,
                      "a non-negative integer, e.g. 3"});

@@ -20,7 +20,8 @@
 #include "dtrain/cuda/nccl_backend.hpp"
 #include "dtrain/cuda/nccl_comm.hpp"
 #include "dtrain/cuda/staging_backend.hpp"
-#include "dtrain/runtime/engine.hpp"
+#include "dtrain/cuda/transport.hpp"
+#include "dtrain/runtime/backend.hpp"
 
 namespace dtrain {
 namespace cuda {
@@ -79,11 +80,12 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override { chosen_transport().store(static_cast<int>(cuda::Transport::automatic)); }
 
-  void execute(const Response& r, std::span<Entry* const> entries) override {
+  // `arrival` is not used: the device timeline spans start when the transport starts.
+  void execute(const Response& r, std::span<Entry* const> entries,
+               std::chrono::steady_clock::time_point) override {
     const int device = pick_device(entries);
-    if (!nccl_ && !staging_) choose(device);
-    if (nccl_) nccl_->execute(r, entries, device);
-    else staging_->execute(r, entries, device);
+    if (!transport_) choose(device);
+    transport_->execute(r, entries, device);
   }
 
  private:
@@ -161,11 +163,11 @@ class CudaBackend final : public Backend {
         break;
     }
     if (use_nccl) {
-      nccl_ = std::make_unique<NcclBackend>(ctx_);
+      transport_ = std::make_unique<NcclBackend>(ctx_);
       chosen_transport().store(static_cast<int>(cuda::Transport::nccl));
       if (rank_ == 0) log(LogLevel::debug, "dtrain: device tensors use NCCL {}", nccl_version_string());
     } else {
-      staging_ = std::make_unique<StagingBackend>(ctx_);
+      transport_ = std::make_unique<StagingBackend>(ctx_);
       chosen_transport().store(static_cast<int>(cuda::Transport::staging));
       if (rank_ == 0)
         log(requested_t == cuda::Transport::staging ? LogLevel::debug : LogLevel::warning,
@@ -177,8 +179,7 @@ class CudaBackend final : public Backend {
   BackendContext ctx_;
   int rank_ = 0, size_ = 1;
   int last_device_ = -1;
-  std::unique_ptr<NcclBackend> nccl_;
-  std::unique_ptr<StagingBackend> staging_;
+  std::unique_ptr<DeviceTransport> transport_;  // chosen at the first device op
 };
 
 inline std::unique_ptr<Backend> make_cuda_backend(const BackendContext& ctx) {

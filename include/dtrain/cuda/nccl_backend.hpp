@@ -36,25 +36,9 @@
 #include "dtrain/cuda/device.hpp"
 #include "dtrain/cuda/kernels.hpp"
 #include "dtrain/cuda/nccl_comm.hpp"
-#include "dtrain/runtime/engine.hpp"
+#include "dtrain/cuda/transport.hpp"
 
 namespace dtrain::detail {
-
-// Orders `stream` after the work queued so far on every entry's producer stream.
-inline void order_after_producers(cudaStream_t stream, cudaEvent_t scratch_event,
-                                  std::span<Entry* const> entries) {
-  std::vector<cudaStream_t> seen;
-  for (Entry* e : entries) {
-    if (!e) continue;
-    cudaStream_t producer = e->stream ? static_cast<cudaStream_t>(e->stream) : cudaStreamLegacy;
-    if (std::find(seen.begin(), seen.end(), producer) != seen.end()) continue;
-    seen.push_back(producer);
-    // Re-recording is safe: cudaStreamWaitEvent captures the event's state at the call.
-    cuda_check(cudaEventRecord(scratch_event, producer),
-               fmt::format("cudaEventRecord on the producer stream of '{}'", e->request.name));
-    cuda_check(cudaStreamWaitEvent(stream, scratch_event, 0), "cudaStreamWaitEvent");
-  }
-}
 
 inline std::int64_t row_elements(const Shape& shape) {
   std::int64_t row = 1;
@@ -62,7 +46,7 @@ inline std::int64_t row_elements(const Shape& shape) {
   return row;
 }
 
-class NcclBackend {
+class NcclBackend final : public DeviceTransport {
  public:
   explicit NcclBackend(const BackendContext& ctx) : ctx_(ctx) {
     MPI_Comm_rank(ctx.data_comm, &rank_);
@@ -70,7 +54,7 @@ class NcclBackend {
     streams_ = std::max(1, ctx.config->num_nccl_streams);
   }
 
-  void execute(const Response& r, std::span<Entry* const> entries, int device) {
+  void execute(const Response& r, std::span<Entry* const> entries, int device) override {
     const auto start = std::chrono::steady_clock::now();
     DeviceGuard guard(device);
     const Deadline deadline = Deadline::after(ctx_.config->op_timeout_seconds);

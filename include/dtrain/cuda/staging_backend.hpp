@@ -21,16 +21,16 @@
 
 #include "dtrain/cuda/device.hpp"
 #include "dtrain/cuda/nccl_comm.hpp"
-#include "dtrain/cuda/nccl_backend.hpp"
-#include "dtrain/runtime/engine.hpp"
+#include "dtrain/cuda/transport.hpp"
+#include "dtrain/runtime/host_backend.hpp"
 
 namespace dtrain::detail {
 
-class StagingBackend {
+class StagingBackend final : public DeviceTransport {
  public:
   explicit StagingBackend(const BackendContext& ctx) : ctx_(ctx), host_(host_options(ctx)) {}
 
-  ~StagingBackend() {
+  ~StagingBackend() override {
     for (auto& [device, c] : copy_) {
       cudaSetDevice(device);
       if (c.stream) cudaStreamDestroy(c.stream);
@@ -39,7 +39,7 @@ class StagingBackend {
     }
   }
 
-  void execute(const Response& r, std::span<Entry* const> entries, int device) {
+  void execute(const Response& r, std::span<Entry* const> entries, int device) override {
     DeviceGuard guard(device);
     const Deadline deadline = Deadline::after(ctx_.config->op_timeout_seconds);
     CopyLane& lane = lane_for(device);
@@ -92,8 +92,8 @@ class StagingBackend {
       h.state = e->state;
       host_ptrs[i] = &h;
     }
-    host_.set_response_arrival(std::chrono::steady_clock::now());
-    host_.execute(r, host_ptrs);
+    // The staged copies are what the host collective waited for.
+    host_.execute(r, host_ptrs, std::chrono::steady_clock::now());
 
     // Pinned host -> device.
     for (std::size_t i = 0; i < entries.size(); ++i) {

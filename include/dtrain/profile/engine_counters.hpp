@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "dtrain/runtime/engine.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
 
 namespace dtrain::detail {
 
@@ -24,10 +24,20 @@ void for_each_engine_counter(Visitor&& visit) {
   visit(std::string_view("hierarchical_collectives"), &EngineStats::hierarchical_collectives);
   visit(std::string_view("cache_ids_sent"), &EngineStats::cache_ids_sent);
   visit(std::string_view("requests_sent"), &EngineStats::requests_sent);
+  visit(std::string_view("allreduce_bytes"), &EngineStats::allreduce_bytes);
+  visit(std::string_view("allgather_bytes"), &EngineStats::allgather_bytes);
+  visit(std::string_view("broadcast_bytes"), &EngineStats::broadcast_bytes);
+  visit(std::string_view("alltoall_bytes"), &EngineStats::alltoall_bytes);
+  visit(std::string_view("reducescatter_bytes"), &EngineStats::reducescatter_bytes);
+  visit(std::string_view("fused_bytes"), &EngineStats::fused_bytes);
+  visit(std::string_view("fused_tensors_executed"), &EngineStats::fused_tensors_executed);
+  visit(std::string_view("negotiation_ns"), &EngineStats::negotiation_ns);
+  visit(std::string_view("collective_ns"), &EngineStats::collective_ns);
   visit(std::string_view("responses"), &EngineStats::responses);            // rank 0
   visit(std::string_view("fused_tensors"), &EngineStats::fused_tensors);    // rank 0
   visit(std::string_view("cache_hits"), &EngineStats::cache_hits);          // rank 0
   visit(std::string_view("stall_warnings"), &EngineStats::stall_warnings);  // rank 0
+  visit(std::string_view("wait_for_slowest_ns"), &EngineStats::wait_for_slowest_ns);  // rank 0
 }
 
 // `later - earlier`, counter by counter. A counter that went down (the engine was restarted by

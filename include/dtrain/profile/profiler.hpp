@@ -45,7 +45,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"

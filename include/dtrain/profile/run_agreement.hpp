@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {

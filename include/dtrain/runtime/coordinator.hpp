@@ -14,13 +14,8 @@
 // then the coordinator waits up to the cycle time for them so they fuse into the same response.
 // An op that arrives at an idle engine is never delayed by the cycle time.
 //
-// Note [Response cache]
-// After an allreduce, broadcast or reducescatter succeeds, the coordinator assigns its name and
-// metadata a cache id and announces it to every rank. A rank that later submits the same name with
-// the same metadata sends only the id. Only the coordinator inserts and evicts, so every rank's
-// mirror changes in the same order; an evicted id stays resolvable ("retired") until every rank
-// has applied the message that evicted it, so a rank that sent an id just before learning of its
-// eviction is still understood.
+// The coordinator keeps the cache side of Note [Response cache] (runtime/response_cache.hpp) and
+// asks the stall inspector (runtime/stall_inspector.hpp) when ops have waited too long.
 //
 // Note [Failed ops]
 // An op can fail before every rank has submitted it: a rank rejected its own call (a local argument
@@ -42,7 +37,6 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <list>
 #include <map>
 #include <optional>
 #include <string>
@@ -53,6 +47,8 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/response_cache.hpp"
+#include "dtrain/runtime/stall_inspector.hpp"
 
 namespace dtrain::detail {
 
@@ -75,12 +71,18 @@ struct CoordinatorStats {
   std::uint64_t cache_hits = 0;        // requests that arrived as cache ids
   std::uint64_t requests = 0;          // requests received, in either form
   std::uint64_t stall_warnings = 0;
+  // Per op, from the first rank's submission reaching the coordinator to the last one's: how long
+  // the fastest rank waited for the slowest, summed over ops.
+  std::uint64_t wait_for_slowest_ns = 0;
 };
 
 // Hooks for observers (timeline, logging); all optional.
 struct CoordinatorHooks {
-  std::function<void(const std::string& name, OpKind kind, int rank, Clock::time_point when)> rank_ready;
-  std::function<void(const std::string& name, Clock::time_point when)> negotiated;
+  std::function<void(const std::string& name, int rank, Clock::time_point when)> rank_ready;
+  // `started`: when the first rank submitted it.
+  std::function<void(const std::string& name, OpKind kind, Clock::time_point started,
+                     Clock::time_point when)>
+      negotiated;
   std::function<void(const std::string& report)> stall_warning;
 };
 
@@ -88,14 +90,16 @@ class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions o, CoordinatorHooks hooks = {})
       : opt_(o), hooks_(std::move(hooks)), joined_(o.size, false), shut_down_(o.size, false),
-        applied_(o.size, 0), last_heard_(o.size) {}
+        applied_(o.size, 0), last_heard_(o.size), cache_(o.cache_capacity),
+        stall_(StallOptions{o.stall_check_disable, o.stall_check_time_seconds,
+                            o.stall_shutdown_time_seconds}) {}
 
   void on_message(const RequestMessage& m, Clock::time_point now) {
     const int r = m.rank;
     applied_[r] = std::max(applied_[r], m.responses_applied);
     if (!m.cached.empty() || !m.requests.empty()) last_heard_[r] = now;
     for (auto id : m.cached) {
-      Request q = resolve_cached(id);
+      Request q = cache_.resolve(id);
       ++stats_.cache_hits;
       add_request(r, std::move(q), now);
     }
@@ -109,12 +113,27 @@ class Coordinator {
       ++shut_down_count_;
       settle_failed_for_shut_down_rank(r);
     }
-    retire_cache_entries();
+    cache_.retire(applied_);
+  }
+
+  // The autotuner's batching knobs, in effect from the next poll(): how much to fuse, how long to
+  // wait for a batch, how many responses to cache (0: none; evictions go out in the next message).
+  void retune(std::int64_t fusion_threshold_bytes, double cycle_time_ms, std::int64_t cache_capacity) {
+    opt_.fusion_threshold_bytes = fusion_threshold_bytes;
+    opt_.cycle_time_ms = cycle_time_ms;
+    if (cache_capacity != opt_.cache_capacity) {
+      opt_.cache_capacity = cache_capacity;
+      pending_cache_capacity_ = cache_capacity;
+    }
   }
 
   // The next message to send to every rank, if one is due at `now`.
   std::optional<ResponseMessage> poll(Clock::time_point now) {
     ResponseMessage msg;
+    if (pending_cache_capacity_) {
+      cache_.set_capacity(*pending_cache_capacity_, msg, next_seq_);
+      pending_cache_capacity_.reset();
+    }
     check_stalls(now, msg);
     if (!msg.fatal.empty()) return finish(std::move(msg));
     fail_ops_waiting_for_shut_down_ranks(now);
@@ -125,7 +144,8 @@ class Coordinator {
       msg.shutdown_complete = true;
       shutdown_announced_ = true;
     }
-    if (msg.responses.empty() && !msg.shutdown_complete) return std::nullopt;
+    if (msg.responses.empty() && !msg.shutdown_complete && msg.cache_evictions.empty())
+      return std::nullopt;
     return finish(std::move(msg));
   }
 
@@ -135,16 +155,11 @@ class Coordinator {
     std::optional<Clock::time_point> t;
     auto earliest = [&](Clock::time_point c) { if (!t || c < *t) t = c; };
     if (!ready_.empty()) earliest(first_ready_ + cycle());
-    for (const auto& [name, p] : table_) {
-      if (!opt_.stall_check_disable) earliest(p.last_warned + stall_check());
-      if (opt_.stall_shutdown_time_seconds > 0) earliest(p.first_seen + stall_shutdown());
-      if (opt_.op_timeout_seconds > 0) earliest(p.first_seen + op_timeout());
-    }
-    if (joined_count_ > 0) {
-      const Clock::time_point quiet = join_quiet_since();
-      if (!opt_.stall_check_disable) earliest(std::max(quiet, join_last_warned_) + stall_check());
-      if (opt_.stall_shutdown_time_seconds > 0) earliest(quiet + stall_shutdown());
-      if (opt_.op_timeout_seconds > 0) earliest(quiet + op_timeout());
+    if (const auto oldest = oldest_wait())
+      if (const auto d = stall_.next_deadline(*oldest)) earliest(*d);
+    if (opt_.op_timeout_seconds > 0) {
+      for (const auto& [name, p] : table_) earliest(p.first_seen + op_timeout());
+      if (joined_count_ > 0) earliest(join_quiet_since() + op_timeout());
     }
     return t;
   }
@@ -191,12 +206,6 @@ class Coordinator {
     std::vector<std::optional<Request>> per_rank;
     int submitted = 0;
     Clock::time_point first_seen;
-    Clock::time_point last_warned;
-  };
-  struct CacheEntry {
-    std::uint64_t id;
-    Request meta;
-    std::list<std::string>::iterator lru;
   };
   struct Ready {
     Request request;                 // canonical: the first submitting rank's request
@@ -225,8 +234,6 @@ class Coordinator {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double, std::milli>(opt_.cycle_time_ms));
   }
-  Clock::duration stall_check() const { return from_seconds(opt_.stall_check_time_seconds); }
-  Clock::duration stall_shutdown() const { return from_seconds(opt_.stall_shutdown_time_seconds); }
   Clock::duration op_timeout() const { return from_seconds(opt_.op_timeout_seconds); }
 
   static std::vector<int> ranks_where(const std::vector<bool>& flags, bool value) {
@@ -246,12 +253,6 @@ class Coordinator {
     for (int r = 0; r < opt_.size; ++r)
       if (!p.per_rank[r]) out.push_back(r);
     return out;
-  }
-
-  Request resolve_cached(std::uint64_t id) const {
-    if (auto it = cache_by_id_.find(id); it != cache_by_id_.end()) return cache_.at(it->second).meta;
-    if (auto it = retired_.find(id); it != retired_.end()) return it->second.first;
-    throw Error(fmt::format("dtrain: internal error: unknown response-cache id {}", id));
   }
 
   void add_request(int r, Request q, Clock::time_point now) {
@@ -276,9 +277,8 @@ class Coordinator {
       p.kind = q.kind;
       p.per_rank.resize(opt_.size);
       p.first_seen = now;
-      p.last_warned = now;
     }
-    if (hooks_.rank_ready) hooks_.rank_ready(q.name, q.kind, r, now);
+    if (hooks_.rank_ready) hooks_.rank_ready(q.name, r, now);
     if (!p.per_rank[r]) ++p.submitted;
     p.per_rank[r] = std::move(q);
     if (is_ready(p)) make_ready(it->first, now);
@@ -286,10 +286,7 @@ class Coordinator {
 
   void add_join(int r, Clock::time_point now) {
     if (!joined_[r]) {
-      if (joined_count_ == 0) {
-        join_started_ = now;
-        join_last_warned_ = now;
-      }
+      if (joined_count_ == 0) join_started_ = now;
       joined_[r] = true;
       ++joined_count_;
       last_joined_ = r;
@@ -462,7 +459,9 @@ class Coordinator {
   void make_ready(const std::string& name, Clock::time_point now) {
     auto node = table_.extract(name);
     Pending& p = node.mapped();
-    if (hooks_.negotiated) hooks_.negotiated(name, now);
+    if (hooks_.negotiated) hooks_.negotiated(name, p.kind, p.first_seen, now);
+    stats_.wait_for_slowest_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now - p.first_seen).count());
     Ready ready = validate(name, p);
     const std::string group = ready.request.group;
     if (!group.empty()) {
@@ -609,7 +608,7 @@ class Coordinator {
           }
         }
         if (placed) {
-          note_cacheable(q, msg);
+          cache_.note_success(q, msg, next_seq_);
           continue;
         }
         open.push_back({msg.responses.size(), bytes});
@@ -632,47 +631,12 @@ class Coordinator {
       s.error_ranks = std::move(r.error_ranks);
       if (s.error == ErrorKind::none) {
         ++stats_.responses;
-        note_cacheable(q, msg);
+        cache_.note_success(q, msg, next_seq_);
       }
       msg.responses.push_back(std::move(s));
     }
     ready_.clear();
     ready_bytes_ = 0;
-  }
-
-  void note_cacheable(const Request& q, ResponseMessage& msg) {
-    if (opt_.cache_capacity <= 0) return;
-    if (q.kind != OpKind::allreduce && q.kind != OpKind::broadcast && q.kind != OpKind::reducescatter)
-      return;
-    if (auto it = cache_.find(q.name); it != cache_.end()) {
-      if (it->second.meta.same_metadata(q)) {
-        lru_.splice(lru_.begin(), lru_, it->second.lru);
-        return;
-      }
-      evict(q.name, msg);
-    }
-    if (static_cast<std::int64_t>(cache_.size()) >= opt_.cache_capacity) evict(lru_.back(), msg);
-    const std::uint64_t id = next_cache_id_++;
-    lru_.push_front(q.name);
-    cache_.emplace(q.name, CacheEntry{id, q, lru_.begin()});
-    cache_by_id_.emplace(id, q.name);
-    msg.cache_inserts.push_back({id, q.name});
-  }
-
-  void evict(const std::string& name, ResponseMessage& msg) {
-    auto it = cache_.find(name);
-    const std::uint64_t id = it->second.id;
-    retired_.emplace(id, std::make_pair(it->second.meta, next_seq_));
-    cache_by_id_.erase(id);
-    lru_.erase(it->second.lru);
-    cache_.erase(it);
-    msg.cache_evictions.push_back(id);
-  }
-
-  void retire_cache_entries() {
-    if (retired_.empty()) return;
-    const std::uint64_t oldest = *std::min_element(applied_.begin(), applied_.end());
-    std::erase_if(retired_, [&](const auto& kv) { return kv.second.second < oldest; });
   }
 
   // Since when every rank the join waits for has been quiet (Note [Join]).
@@ -683,42 +647,29 @@ class Coordinator {
     return t;
   }
 
+  // When the oldest wait for ranks began, if anything waits (Note [Stall inspection]).
+  std::optional<Clock::time_point> oldest_wait() const {
+    std::optional<Clock::time_point> t;
+    for (const auto& [name, p] : table_)
+      if (!t || p.first_seen < *t) t = p.first_seen;
+    if (joined_count_ > 0)
+      if (const Clock::time_point quiet = join_quiet_since(); !t || quiet < *t) t = quiet;
+    return t;
+  }
+
   void check_stalls(Clock::time_point now, ResponseMessage& msg) {
-    if (table_.empty() && joined_count_ == 0) return;
-    bool warn = false, stop = false;
-    for (auto& [name, p] : table_) {
-      warn |= now - p.last_warned >= stall_check();
-      stop |= now - p.first_seen >= stall_shutdown();
+    const auto oldest = oldest_wait();
+    if (!oldest) return;
+    switch (stall_.judge(*oldest, now)) {
+      case StallInspector::Verdict::none: return;
+      case StallInspector::Verdict::shut_down:
+        msg.fatal = stall_.shutdown_message(pending_report(now));
+        return;
+      case StallInspector::Verdict::warn: break;
     }
-    if (joined_count_ > 0) {
-      const Clock::time_point quiet = join_quiet_since();
-      warn |= now - std::max(quiet, join_last_warned_) >= stall_check();
-      stop |= now - quiet >= stall_shutdown();
-    }
-    warn = warn && !opt_.stall_check_disable;
-    stop = stop && opt_.stall_shutdown_time_seconds > 0;
-    if (!warn && !stop) return;
-    const std::string report = pending_report(now);
-    if (stop) {
-      msg.fatal = fmt::format(
-          "dtrain: stall shutdown: ops have waited more than {} s "
-          "(DTRAIN_STALL_SHUTDOWN_TIME_SECONDS) for ranks that never submitted them:{}\n"
-          "One or more ranks took a different code path (e.g. skipped a step or an op) or are "
-          "stuck; every rank must submit every op with the same name. Run with "
-          "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
-          opt_.stall_shutdown_time_seconds, report);
-      return;
-    }
-    // One report covers everything pending by now, so it all shares the next reminder time.
-    for (auto& [name, p] : table_) p.last_warned = now;
-    join_last_warned_ = now;
     ++stats_.stall_warnings;
-    if (hooks_.stall_warning)
-      hooks_.stall_warning(fmt::format(
-          "dtrain: stalled ops: some ranks have been waiting more than {} s for others to submit "
-          "the same op (DTRAIN_STALL_CHECK_TIME_SECONDS):{}\nRun with DTRAIN_LOG_LEVEL=debug to "
-          "see what each rank submitted.",
-          opt_.stall_check_time_seconds, report));
+    const std::string warning = stall_.warn(pending_report(now), now);
+    if (hooks_.stall_warning) hooks_.stall_warning(warning);
   }
 
   // Ops that have waited DTRAIN_OP_TIMEOUT_SECONDS for ranks that never submitted them fail with
@@ -826,17 +777,14 @@ class Coordinator {
   int joined_count_ = 0;
   int last_joined_ = -1;
   Clock::time_point join_started_;
-  Clock::time_point join_last_warned_;
   std::vector<bool> shut_down_;
   int shut_down_count_ = 0;
   bool shutdown_announced_ = false;
   std::vector<std::uint64_t> applied_;
   std::vector<Clock::time_point> last_heard_;
-  std::unordered_map<std::string, CacheEntry> cache_;
-  std::unordered_map<std::uint64_t, std::string> cache_by_id_;
-  std::map<std::uint64_t, std::pair<Request, std::uint64_t>> retired_;
-  std::list<std::string> lru_;
-  std::uint64_t next_cache_id_ = 1;
+  ResponseCache cache_;
+  std::optional<std::int64_t> pending_cache_capacity_;
+  StallInspector stall_;
   std::uint64_t next_seq_ = 1;
   CoordinatorStats stats_;
 };

@@ -1,23 +1,8 @@
 #pragma once
 // The background engine: one thread per process that negotiates, fuses and executes ops.
 // See Note [Negotiation] and Note [Batching] in runtime/coordinator.hpp.
-//
-// Note [Waiting without burning cores]
-// User threads only enqueue and then block on their handle. The engine thread blocks on a
-// condition variable while nothing is in flight (rank 0 wakes once a second to notice ranks that
-// wait on it, for stall reports). While something is in flight it polls MPI for 50 microseconds
-// (a peer that is in step answers within that window, so a lone small op never sleeps), then
-// sleeps for a quarter of the time it has waited so far, between 10 microseconds and 1 ms, and
-// polls again: a message that arrives during a sleep costs at most ~25% more latency, and a rank
-// that waits on a straggler costs almost no CPU. There is no yield phase: on a loaded 2-core
-// machine sched_yield either returns at once (a spin that steals the core a peer rank needs) or
-// gives the core away for a whole scheduler tick (4 ms); both were measured to cost more than
-// short sleeps (docs/performance.md). Timed sleeps overshoot by the thread's timer slack, 50 us by
-// default, so the engine thread lowers its own to keep the short sleeps short.
+// The loop waits as Note [Waiting without burning cores] (runtime/wait_policy.hpp) says.
 #include <mpi.h>
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -32,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -39,51 +25,21 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/agreement.hpp"
+#include "dtrain/runtime/autotuning.hpp"
+#include "dtrain/runtime/backend.hpp"
+#include "dtrain/runtime/control_channel.hpp"
 #include "dtrain/runtime/coordinator.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
 #include "dtrain/runtime/host_backend.hpp"
 #include "dtrain/runtime/liveness.hpp"
+#include "dtrain/runtime/response_cache.hpp"
 #include "dtrain/runtime/topology.hpp"
+#include "dtrain/runtime/wait_policy.hpp"
+#include "dtrain/runtime/watchdog.hpp"
 
 namespace dtrain {
 
-// Counters for observing the engine (tests, benchmarks, profiling).
-struct EngineStats {
-  std::uint64_t collectives = 0;        // data collectives executed on this rank
-  std::uint64_t fused_collectives = 0;  // of which packed several tensors
-  std::uint64_t bytes_reduced = 0;
-  std::uint64_t buffer_allocations = 0; // fusion/scratch buffer (re)allocations
-  std::uint64_t hierarchical_collectives = 0;  // allreduces run host by host
-  std::uint64_t cache_ids_sent = 0;     // requests this rank sent as response-cache ids
-  std::uint64_t requests_sent = 0;      // requests this rank sent in any form
-  // Coordinator view (rank 0 only; zero elsewhere):
-  std::uint64_t responses = 0;
-  std::uint64_t fused_tensors = 0;
-  std::uint64_t cache_hits = 0;
-  std::uint64_t stall_warnings = 0;
-};
-
 namespace detail {
-
-inline constexpr int kRequestTag = 1;
-inline constexpr int kResponseTag = 2;
-
-// What the engine hands a device backend: the data communicator (shared with the host backend;
-// both run on the engine thread), the host hierarchy (engine-owned duplicates of the topology's
-// communicators; invalid when the engine has no topology), counters, and the timeline (rank 0).
-struct BackendContext {
-  const Config* config = nullptr;
-  MPI_Comm data_comm = MPI_COMM_NULL;
-  HierarchyComms hierarchy;
-  BackendStats* stats = nullptr;
-  Timeline* timeline = nullptr;
-};
-
-// A device backend (CUDA/NCCL or staging) registers a factory here when its header is included.
-using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const BackendContext&);
-inline DeviceBackendFactory& device_backend_factory() noexcept {
-  static DeviceBackendFactory f = nullptr;
-  return f;
-}
 
 class Engine {
  public:
@@ -110,18 +66,13 @@ class Engine {
       o.stall_shutdown_time_seconds = config.stall_shutdown_time_seconds;
       o.op_timeout_seconds = config.op_timeout_seconds;
       CoordinatorHooks hooks;
-      hooks.rank_ready = [this](const std::string& name, OpKind kind, int r, Clock::time_point t) {
-        if (!timeline_.active()) return;
-        negotiation_start_.try_emplace(name, t, kind);
-        timeline_.rank_ready(name, r, t);
+      hooks.rank_ready = [this](const std::string& name, int r, Clock::time_point t) {
+        if (timeline_.active()) timeline_.rank_ready(name, r, t);
       };
-      hooks.negotiated = [this](const std::string& name, Clock::time_point t) {
-        auto it = negotiation_start_.find(name);
-        if (it == negotiation_start_.end()) return;
+      hooks.negotiated = [this](const std::string& name, OpKind kind, Clock::time_point started,
+                                Clock::time_point t) {
         if (timeline_.active())
-          timeline_.span(name, fmt::format("NEGOTIATE_{}", upper(to_string(it->second.second))),
-                         it->second.first, t);
-        negotiation_start_.erase(it);
+          timeline_.span(name, fmt::format("NEGOTIATE_{}", upper(to_string(kind))), started, t);
       };
       hooks.stall_warning = [this](const std::string& report) {
         log(LogLevel::warning, "{}", report);
@@ -161,14 +112,21 @@ class Engine {
     ho.hierarchy = hierarchy_;
     ho.direct_segments = agreed.direct_segments;
     host_ = std::make_unique<HostBackend>(ho);
+    if (rank_ == 0 && config.autotune) {
+      std::vector<int> ranks_per_host =
+          topology && !topology->local_sizes.empty() ? topology->local_sizes : std::vector<int>{size_};
+      autotuner_.emplace(config, std::move(ranks_per_host));
+    }
     if (size_ > 1) {
       std::vector<std::string> hosts;
       for (int r = 0; r < size_; ++r)
         hosts.push_back(topology ? topology->host_names.at(static_cast<std::size_t>(r)) : "?");
       monitor_.emplace(world, std::move(hosts));
     }
+    channel_.emplace(control_);
+    watchdog_.emplace(config.op_timeout_seconds, rank_, monitor_ ? &*monitor_ : nullptr,
+                      [this](const std::string& why) { fail_everything(why); });
     thread_ = std::thread([this] { run(); });
-    watchdog_ = std::thread([this] { watchdog(); });
   }
 
   Engine(const Engine&) = delete;
@@ -182,7 +140,7 @@ class Engine {
       abandon();
       thread_.join();
     }
-    stop_watchdog();
+    if (watchdog_) watchdog_->stop();
     timeline_.stop();
     release_communicators();
   }
@@ -277,7 +235,9 @@ class Engine {
                 q.name, rank_));
         }
         if (!rejection) {
+          const auto now = Clock::now();
           for (auto& e : entries) {
+            e->submitted = now;
             if (e->request.kind == OpKind::join) join_entry_ = e;
             else in_flight_.emplace(e->request.name, e);
             incoming_.push_back(std::move(e));
@@ -315,14 +275,14 @@ class Engine {
     }
     cv_.notify_all();
     const bool exited = wait_for_engine_thread();
-    stop_watchdog();
+    if (watchdog_) watchdog_->stop();
     timeline_.stop();
     if (!exited) return ShutdownOutcome::blocked;
     return failed() ? ShutdownOutcome::after_failure : ShutdownOutcome::clean;
   }
 
   // A peer died or left (Note [Peer liveness]): MPI calls that involve every rank may never return.
-  bool peer_lost() const noexcept { return peer_lost_.load(); }
+  bool peer_lost() const noexcept { return watchdog_ && watchdog_->peer_lost(); }
 
   // True once the engine has failed for good (Note [Engine failure]).
   bool failed() const {
@@ -350,11 +310,21 @@ class Engine {
     s.hierarchical_collectives = backend_stats_.hierarchical_collectives.load();
     s.cache_ids_sent = cache_ids_sent_.load();
     s.requests_sent = requests_sent_.load();
+    s.allreduce_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::allreduce)].load();
+    s.allgather_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::allgather)].load();
+    s.broadcast_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::broadcast)].load();
+    s.alltoall_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::alltoall)].load();
+    s.reducescatter_bytes = op_stats_.kind_bytes[static_cast<int>(OpKind::reducescatter)].load();
+    s.fused_bytes = op_stats_.fused_bytes.load();
+    s.fused_tensors_executed = op_stats_.fused_tensors.load();
+    s.negotiation_ns = op_stats_.negotiation_ns.load();
+    s.collective_ns = op_stats_.collective_ns.load();
     std::lock_guard lock(coordinator_stats_mutex_);
     s.responses = coordinator_stats_.responses;
     s.fused_tensors = coordinator_stats_.fused_tensors;
     s.cache_hits = coordinator_stats_.cache_hits;
     s.stall_warnings = coordinator_stats_.stall_warnings;
+    s.wait_for_slowest_ns = coordinator_stats_.wait_for_slowest_ns;
     return s;
   }
 
@@ -401,15 +371,13 @@ class Engine {
   // ---- the engine thread ----------------------------------------------------------------------
 
   void run() {
-#if defined(__linux__)
-    prctl(PR_SET_TIMERSLACK, 2000UL, 0UL, 0UL, 0UL);  // 2 us; see Note [Waiting without burning cores]
-#endif
+    lower_timer_slack();  // Note [Waiting without burning cores]
     try {
       loop();
     } catch (const std::exception& ex) {
       fail_everything(fmt::format("dtrain: the engine on rank {} failed: {}", rank_, ex.what()));
     }
-    drain_sends();
+    channel_->drain();
     std::vector<std::shared_ptr<Entry>> leftovers;
     std::string why;
     {
@@ -471,21 +439,26 @@ class Engine {
       if (coordinator_) {
         progressed |= receive_requests();
         if (auto msg = coordinator_->poll(Clock::now())) {
+          if (pending_tuned_) msg->tuned = *std::exchange(pending_tuned_, std::nullopt);
           {
             std::lock_guard lock(coordinator_stats_mutex_);
             coordinator_stats_ = coordinator_->stats();
           }
-          timeline_.cycle_mark(Clock::now());
-          auto bytes = std::make_shared<std::vector<char>>(encode(*msg));
-          for (int r = 1; r < size_; ++r) isend(bytes, r, kResponseTag);
+          const auto planned = Clock::now();
+          timeline_.cycle_mark(planned);
+          channel_->send_response(*msg, size_);
+          const auto reduced_before = backend_stats_.bytes_reduced.load(std::memory_order_relaxed);
           if (apply(*msg)) return;
+          if (autotuner_)
+            tune(*msg, backend_stats_.bytes_reduced.load(std::memory_order_relaxed) - reduced_before,
+                 planned);
           progressed = true;
         }
-      } else if (auto msg = receive_response()) {
+      } else if (auto msg = channel_->receive_response()) {
         if (apply(*msg)) return;
         progressed = true;
       }
-      progress_sends();
+      channel_->progress();
       const auto now = Clock::now();
       if (progressed) {
         last_progress = now;
@@ -497,20 +470,17 @@ class Engine {
 
   bool awaiting_peers() {
     std::lock_guard lock(mutex_);
-    return !in_flight_.empty() || join_entry_ || shutdown_sent_ || !sends_.empty() ||
+    return !in_flight_.empty() || join_entry_ || shutdown_sent_ || channel_->sending() ||
            (coordinator_ && coordinator_->has_pending());
   }
 
   void wait_for_work(Clock::duration idle_for) {
-    using namespace std::chrono_literals;
     const bool awaiting = awaiting_peers();
-    if (awaiting && idle_for < 50us) return;  // hot poll: a peer in step answers within this window
-    // Back off in proportion to the wait so far (Note [Waiting without burning cores]).
-    Clock::duration limit = awaiting ? std::clamp<Clock::duration>(idle_for / 4, 10us, 1ms)
-                                     : Clock::duration(1s);
+    Clock::duration limit = wait_policy_.sleep_for(awaiting, idle_for);
+    if (limit == Clock::duration::zero()) return;  // hot poll: a peer in step answers soon
     if (coordinator_)
       if (auto d = coordinator_->next_deadline())
-        limit = std::min(limit, std::max<Clock::duration>(*d - Clock::now(), 0us));
+        limit = std::min(limit, std::max<Clock::duration>(*d - Clock::now(), Clock::duration::zero()));
     std::unique_lock lock(mutex_);
     auto wake = [&] { return !incoming_.empty() || abandon_ || (shutdown_requested_ && !shutdown_sent_); };
     if (!awaiting && !coordinator_) {
@@ -527,9 +497,8 @@ class Engine {
     m.shutdown = shutdown;
     for (const auto& e : fresh) {
       const Request& q = e->request;
-      auto it = mirror_.find(q.name);
-      if (it != mirror_.end() && q.rejected.empty() && it->second.second.same_metadata(q)) {
-        m.cached.push_back(it->second.first);
+      if (auto id = mirror_.id_for(q)) {
+        m.cached.push_back(*id);
         cache_ids_sent_.fetch_add(1, std::memory_order_relaxed);
       } else {
         m.requests.push_back(q);
@@ -539,93 +508,43 @@ class Engine {
     if (coordinator_) {
       coordinator_->on_message(m, Clock::now());
     } else {
-      isend(std::make_shared<std::vector<char>>(encode(m)), 0, kRequestTag);
+      channel_->send_request(m);
     }
   }
 
   bool receive_requests() {
     bool any = false;
-    while (true) {
-      int flag = 0;
-      MPI_Message handle;
-      MPI_Status status;
-      mpi_check(MPI_Improbe(MPI_ANY_SOURCE, kRequestTag, control_, &flag, &handle, &status),
-                "MPI_Improbe");
-      if (!flag) return any;
-      int count = 0;
-      MPI_Get_count(&status, MPI_BYTE, &count);
-      recv_buffer_.resize(static_cast<std::size_t>(count));
-      mpi_check(MPI_Mrecv(recv_buffer_.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE),
-                "MPI_Mrecv");
-      coordinator_->on_message(decode<RequestMessage>(recv_buffer_), Clock::now());
+    while (auto m = channel_->receive_request()) {
+      coordinator_->on_message(*m, Clock::now());
       any = true;
     }
+    return any;
   }
 
-  std::optional<ResponseMessage> receive_response() {
-    int flag = 0;
-    MPI_Message handle;
-    MPI_Status status;
-    mpi_check(MPI_Improbe(0, kResponseTag, control_, &flag, &handle, &status), "MPI_Improbe");
-    if (!flag) return std::nullopt;
-    int count = 0;
-    MPI_Get_count(&status, MPI_BYTE, &count);
-    recv_buffer_.resize(static_cast<std::size_t>(count));
-    mpi_check(MPI_Mrecv(recv_buffer_.data(), count, MPI_BYTE, &handle, MPI_STATUS_IGNORE),
-              "MPI_Mrecv");
-    return decode<ResponseMessage>(recv_buffer_);
-  }
-
-  void isend(std::shared_ptr<std::vector<char>> bytes, int to, int tag) {
-    MPI_Request req;
-    mpi_check(MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, to, tag, control_,
-                        &req),
-              "MPI_Isend");
-    std::lock_guard lock(mutex_);
-    sends_.push_back({req, std::move(bytes)});
-  }
-
-  void progress_sends() {
-    std::lock_guard lock(mutex_);
-    std::erase_if(sends_, [](Send& s) {
-      int done = 0;
-      MPI_Test(&s.request, &done, MPI_STATUS_IGNORE);
-      return done != 0;
-    });
-  }
-
-  void drain_sends() {
-    // Control messages are small and already matched or buffered by the peer's probe; give them a
-    // bounded time to complete, then let them go.
-    const auto deadline = Clock::now() + std::chrono::seconds(2);
-    while (Clock::now() < deadline) {
-      progress_sends();
-      std::lock_guard lock(mutex_);
-      if (sends_.empty()) return;
-    }
-    std::lock_guard lock(mutex_);
-    for (auto& s : sends_) MPI_Request_free(&s.request);
-    sends_.clear();
+  // Rank 0: feeds the autotuner one executed message; a new configuration takes effect in the
+  // coordinator at once and on every rank with the next message (Note [Applying tuned settings]).
+  void tune(const ResponseMessage& msg, std::uint64_t bytes, Clock::time_point planned) {
+    const auto knobs = autotuner_->on_executed(msg, static_cast<std::int64_t>(bytes), planned);
+    if (!knobs) return;
+    const Config tuned = autotune::apply_knobs(config_, *knobs);
+    coordinator_->retune(tuned.fusion_threshold_bytes, tuned.cycle_time_ms, tuned.cache_capacity);
+    pending_tuned_ = autotuner_->settings_for(autotuner_->generation());
+    log(LogLevel::debug, "autotune: switching to {}", autotune::describe(*knobs));
   }
 
   // Applies one message from the coordinator. Returns true when the engine must stop.
   bool apply(const ResponseMessage& msg) {
     const auto arrival = Clock::now();
     responses_applied_ = msg.seq;
+    if (msg.tuned.generation != 0)
+      host_->retune(msg.tuned.fusion_pipeline, msg.tuned.hierarchical_allreduce);
     for (const auto& ins : msg.cache_inserts) {
       std::lock_guard lock(mutex_);
       auto it = in_flight_.find(ins.name);
       if (it == in_flight_.end()) continue;  // a rank that joined has nothing to remember
-      mirror_[ins.name] = {ins.id, it->second->request};
-      mirror_names_[ins.id] = ins.name;
+      mirror_.insert(ins.id, ins.name, it->second->request);
     }
-    for (auto id : msg.cache_evictions) {
-      auto it = mirror_names_.find(id);
-      if (it == mirror_names_.end()) continue;
-      if (auto m = mirror_.find(it->second); m != mirror_.end() && m->second.first == id)
-        mirror_.erase(m);
-      mirror_names_.erase(it);
-    }
+    for (auto id : msg.cache_evictions) mirror_.evict(id);
     if (!msg.fatal.empty()) {
       fail_everything(msg.fatal);
       return true;
@@ -666,7 +585,7 @@ class Engine {
       if (r.error != ErrorKind::none) {
         j->state->complete(make_error(r.error, r.error_message));
       } else {
-        j->state->int_result = r.last_joined_rank;
+        j->set_last_joined(r.last_joined_rank);
         j->state->complete();
       }
       return;
@@ -683,16 +602,10 @@ class Engine {
     for (auto& e : owned) entries_.push_back(e.get());
     Backend* backend = host_.get();
     if (r.device.is_cuda()) backend = device_backend();
-    {
-      std::lock_guard lock(exec_mutex_);
-      executing_ = r.names.empty() ? std::string() : r.names.front();
-      executing_kind_ = to_string(r.kind);
-      exec_started_ = Clock::now();
-      exec_owned_ = &owned;
-    }
+    watchdog_->executing(r.names.empty() ? std::string() : r.names.front(), to_string(r.kind), &owned);
+    const auto started = Clock::now();
     try {
-      host_->set_response_arrival(arrival);
-      backend->execute(r, entries_);
+      backend->execute(r, entries_, arrival);
     } catch (const TimeoutError& ex) {
       // The device path aborted its communicator at the deadline: this rank's engine cannot go on.
       const std::string what = fmt::format("dtrain: {} '{}' on rank {} timed out: {}",
@@ -700,11 +613,7 @@ class Engine {
                                            rank_, ex.what());
       for (auto& e : owned)
         if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
-      {
-        std::lock_guard lock(exec_mutex_);
-        executing_.clear();
-        exec_owned_ = nullptr;
-      }
+      watchdog_->finished();
       throw;  // run() fails every other op with this root cause
     } catch (const std::exception& ex) {
       // The peers are inside (or past) the same collective; this rank cannot rejoin it, and
@@ -718,13 +627,36 @@ class Engine {
         if (e) e->state->complete(std::make_exception_ptr(CommunicationError(what)));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    {
-      std::lock_guard lock(exec_mutex_);
-      executing_.clear();
-      exec_owned_ = nullptr;
-    }
+    watchdog_->finished();
+    count_completed(r, owned, arrival, started);
     for (auto& e : owned)
       if (e) e->state->complete();
+  }
+
+  // The per-kind and timing counters of EngineStats, for one response this rank executed.
+  void count_completed(const Response& r, const std::vector<std::shared_ptr<Entry>>& owned,
+                       Clock::time_point arrival, Clock::time_point started) {
+    const auto ns = [](Clock::duration d) {
+      return static_cast<std::uint64_t>(std::max<std::int64_t>(
+          0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()));
+    };
+    op_stats_.collective_ns.fetch_add(ns(Clock::now() - started), std::memory_order_relaxed);
+    const auto es = static_cast<std::uint64_t>(element_size(r.dtype));
+    std::uint64_t bytes = 0, tensors = 0, negotiation = 0;
+    for (const auto& e : owned) {
+      if (!e) continue;
+      bytes += static_cast<std::uint64_t>(e->request.numel()) * es;
+      ++tensors;
+      negotiation += ns(arrival - e->submitted);
+    }
+    const auto kind = static_cast<std::size_t>(r.kind);
+    if (kind < op_stats_.kind_bytes.size())
+      op_stats_.kind_bytes[kind].fetch_add(bytes, std::memory_order_relaxed);
+    if (r.names.size() > 1) {
+      op_stats_.fused_bytes.fetch_add(bytes, std::memory_order_relaxed);
+      op_stats_.fused_tensors.fetch_add(tensors, std::memory_order_relaxed);
+    }
+    op_stats_.negotiation_ns.fetch_add(negotiation, std::memory_order_relaxed);
   }
 
   Backend* device_backend() {
@@ -745,6 +677,17 @@ class Engine {
     return device_.get();
   }
 
+  // Note [Engine failure]
+  // Some failures leave this rank's engine unable to go on: a collective that outlived
+  // DTRAIN_OP_TIMEOUT_SECONDS after every rank had submitted it (MPI cannot cancel it, so the engine
+  // thread stays inside it), a device communicator aborted at its deadline, a dead peer (Note [Peer
+  // liveness]), a stall shutdown. The op concerned fails with its own error (TimeoutError for a
+  // deadline), every other op, in flight or submitted later, with a ShutdownError carrying that
+  // first cause; the process stays free to save what it needs and exit. shutdown() is then local:
+  // it does not wait for peers, leaves a blocked engine thread where it is, and does not finalize
+  // MPI (which could block on the same peers).
+  //
+  // The watchdog (runtime/watchdog.hpp) and the engine thread both end up here.
   void fail_everything(const std::string& why) {
     std::vector<std::shared_ptr<Entry>> victims;
     {
@@ -761,81 +704,6 @@ class Engine {
     for (auto& e : victims) e->state->complete(std::make_exception_ptr(ShutdownError(why)));
   }
 
-  // ---- per-op deadline and peer liveness -------------------------------------------------------
-
-  // Note [Engine failure]
-  // Some failures leave this rank's engine unable to go on: a collective that outlived
-  // DTRAIN_OP_TIMEOUT_SECONDS after every rank had submitted it (MPI cannot cancel it, so the engine
-  // thread stays inside it), a device communicator aborted at its deadline, a dead peer (Note [Peer
-  // liveness]), a stall shutdown. The op concerned fails with its own error (TimeoutError for a
-  // deadline), every other op, in flight or submitted later, with a ShutdownError carrying that
-  // first cause; the process stays free to save what it needs and exit. shutdown() is then local:
-  // it does not wait for peers, leaves a blocked engine thread where it is, and does not finalize
-  // MPI (which could block on the same peers).
-  //
-  // Wakes at least once a second (never per op, so it costs nothing on the hot path): enforces the
-  // execution deadline and exchanges heartbeats.
-  void watchdog() {
-    const auto timeout = std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(config_.op_timeout_seconds));
-    auto period = std::chrono::duration_cast<Clock::duration>(PeerMonitor::kHeartbeatPeriod);
-    if (config_.op_timeout_seconds > 0) period = std::min<Clock::duration>(period, timeout / 4);
-    std::optional<Clock::time_point> lost_at;
-    std::unique_lock lock(exec_mutex_);
-    while (!exec_cv_.wait_for(lock, period, [&] { return watchdog_stop_; })) {
-      const auto now = Clock::now();
-      if (config_.op_timeout_seconds > 0 && !executing_.empty() && now - exec_started_ >= timeout &&
-          !timed_out_) {
-        timed_out_ = true;
-        const std::string what = fmt::format(
-            "dtrain: {} '{}' on rank {} did not complete within {} s (DTRAIN_OP_TIMEOUT_SECONDS) "
-            "after every rank had submitted it: a peer died or hangs inside the collective. MPI "
-            "cannot cancel a collective, so this rank's engine has stopped; save what you need "
-            "and exit.",
-            executing_kind_, executing_, rank_, config_.op_timeout_seconds);
-        if (exec_owned_)
-          for (auto& e : *exec_owned_)
-            if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
-        lock.unlock();
-        fail_everything(what);
-        lock.lock();
-      }
-      if (monitor_ && !lost_at) {
-        lock.unlock();
-        if (auto lost = monitor_->tick(now)) {
-          lost_at = now;
-          peer_lost_ = true;
-          fail_everything(*lost);
-        }
-        lock.lock();
-      }
-      if (lost_at && now - *lost_at >= PeerMonitor::kExitGrace) {
-        lock.unlock();
-        log(LogLevel::fatal,
-            "dtrain: rank {} is still running {} s after a peer was lost; ending the job "
-            "(a survivor may be blocked in an MPI call with the lost rank)",
-            rank_, std::chrono::duration_cast<std::chrono::seconds>(PeerMonitor::kExitGrace).count());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        return;
-      }
-    }
-  }
-
-  void stop_watchdog() {
-    if (!watchdog_.joinable()) return;
-    {
-      std::lock_guard lock(exec_mutex_);
-      watchdog_stop_ = true;
-    }
-    exec_cv_.notify_all();
-    watchdog_.join();
-  }
-
-  struct Send {
-    MPI_Request request;
-    std::shared_ptr<std::vector<char>> bytes;
-  };
-
   Config config_;
   MPI_Comm control_ = MPI_COMM_NULL;
   MPI_Comm data_ = MPI_COMM_NULL;
@@ -847,7 +715,6 @@ class Engine {
   std::vector<std::shared_ptr<Entry>> incoming_;
   std::unordered_map<std::string, std::shared_ptr<Entry>> in_flight_;
   std::shared_ptr<Entry> join_entry_;
-  std::vector<Send> sends_;
   bool shutdown_requested_ = false;
   bool shutdown_sent_ = false;
   bool abandon_ = false;
@@ -855,15 +722,16 @@ class Engine {
   std::string fatal_;
 
   std::optional<Coordinator> coordinator_;
+  std::optional<EngineAutotuner> autotuner_;      // rank 0, with DTRAIN_AUTOTUNE
+  std::optional<TunedSettings> pending_tuned_;    // for the next response message
   mutable std::mutex coordinator_stats_mutex_;
   CoordinatorStats coordinator_stats_;
-  std::unordered_map<std::string, std::pair<Clock::time_point, OpKind>> negotiation_start_;
   Timeline timeline_;
 
-  std::unordered_map<std::string, std::pair<std::uint64_t, Request>> mirror_;
-  std::unordered_map<std::uint64_t, std::string> mirror_names_;
+  std::optional<ControlChannel> channel_;
+  CacheMirror mirror_;
   std::uint64_t responses_applied_ = 0;
-  std::vector<char> recv_buffer_;
+  WaitPolicy wait_policy_;
   std::vector<Entry*> entries_;
 
   BackendStats backend_stats_;
@@ -872,23 +740,20 @@ class Engine {
   std::array<std::atomic<std::uint64_t>, 7> name_counters_{};
   std::atomic<std::uint64_t> cache_ids_sent_{0};
   std::atomic<std::uint64_t> requests_sent_{0};
-
-  std::mutex exec_mutex_;
-  std::condition_variable exec_cv_;
-  std::string executing_;
-  std::string_view executing_kind_;
-  Clock::time_point exec_started_;
-  bool timed_out_ = false;
-  std::atomic<bool> peer_lost_{false};
-  std::vector<std::shared_ptr<Entry>>* exec_owned_ = nullptr;
-  bool watchdog_stop_ = false;
+  struct OpCounters {
+    std::array<std::atomic<std::uint64_t>, 8> kind_bytes{};  // by OpKind
+    std::atomic<std::uint64_t> fused_bytes{0};
+    std::atomic<std::uint64_t> fused_tensors{0};
+    std::atomic<std::uint64_t> negotiation_ns{0};
+    std::atomic<std::uint64_t> collective_ns{0};
+  } op_stats_;
 
   std::optional<PeerMonitor> monitor_;
   std::mutex name_owner_mutex_;
   std::weak_ptr<const std::thread::id> name_owner_;  // Note [Generated names]
 
+  std::optional<Watchdog> watchdog_;  // after everything it reads: destroyed (joined) first
   std::thread thread_;
-  std::thread watchdog_;
 };
 
 }  // namespace detail

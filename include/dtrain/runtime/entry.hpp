@@ -3,7 +3,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <span>
 #include <vector>
 
 #include "dtrain/runtime/handle.hpp"
@@ -20,16 +19,10 @@ struct Entry {
   // Ops with a new output: allocate it (engine thread) and return its memory.
   std::function<void*(const Shape&)> make_output;
   std::function<void(std::vector<std::int64_t>)> set_received_splits;  // alltoall
+  std::function<void(int)> set_last_joined;  // join: the last rank to join
   void* stream = nullptr;            // device ops: producer stream
+  std::chrono::steady_clock::time_point submitted;  // when the engine took it (negotiation time)
   std::shared_ptr<OpState> state;
-};
-
-// Executes responses for one kind of memory. entries[i] is this rank's entry for
-// response.names[i], or nullptr when this rank joined and contributes nothing of its own.
-class Backend {
- public:
-  virtual ~Backend() = default;
-  virtual void execute(const Response& response, std::span<Entry* const> entries) = 0;
 };
 
 }  // namespace dtrain::detail

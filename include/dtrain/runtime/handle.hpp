@@ -57,7 +57,6 @@ class OpState {
     if (error_) std::rethrow_exception(error_);
   }
 
-  std::int64_t int_result = 0;  // join: the last rank to join
   // Runs once on completion, on the completing thread (set before the op is submitted).
   std::function<void(std::exception_ptr)> then;
 

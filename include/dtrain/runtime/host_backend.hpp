@@ -11,32 +11,17 @@
 #include <fmt/format.h>
 
 #include "dtrain/comm/hierarchical.hpp"
+#include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/host_collectives.hpp"
-#include "dtrain/runtime/entry.hpp"
-#include "dtrain/runtime/fusion_buffer.hpp"
+#include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/fusion_pipeline.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
 namespace dtrain::detail {
 
-struct BackendStats {
-  std::atomic<std::uint64_t> collectives{0};      // data collectives executed (fused count as one)
-  std::atomic<std::uint64_t> fused_collectives{0};
-  std::atomic<std::uint64_t> bytes_reduced{0};
-  std::atomic<std::uint64_t> buffer_allocations{0};
-  std::atomic<std::uint64_t> hierarchical_collectives{0};  // allreduces run host by host
-};
-
-// Average becomes Sum with the division folded into the postscale.
-inline double effective_postscale(const Response& r) {
-  return r.reduce_op == ReduceOp::Average ? r.postscale / std::max(1, r.active_ranks) : r.postscale;
-}
-inline ReduceOp effective_op(const Response& r) {
-  return r.reduce_op == ReduceOp::Average ? ReduceOp::Sum : r.reduce_op;
-}
-
 class HostBackend final : public Backend {
  public:
+  using Clock = std::chrono::steady_clock;
   struct Options {
     MPI_Comm comm = MPI_COMM_NULL;
     std::int64_t chunk_bytes = 16 << 20;  // Config::mpi_chunk_bytes
@@ -54,19 +39,28 @@ class HostBackend final : public Backend {
     MPI_Comm_rank(o.comm, &rank_);
     MPI_Comm_size(o.comm, &size_);
     // Without the host layout, assume the worst: every rank on this host.
-    const int ranks_on_host = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
-    overlap_ = o.pipeline && overlap_pays(ranks_on_host);  // local: it moves no MPI call
+    ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
+    overlap_ = o.pipeline && overlap_pays(ranks_on_host_);  // local: it moves no MPI call
     direct_min_bytes_ = o.direct_segments ? kFusionDirectMinBytes : 0;
+  }
+
+  // The autotuner's settings, applied by every rank at the same response message (Note [Applying
+  // tuned settings] in runtime/autotuning.hpp).
+  void retune(bool pipeline, bool hierarchical) {
+    opt_.pipeline = pipeline;
+    overlap_ = pipeline && overlap_pays(ranks_on_host_);
+    opt_.hierarchical = hierarchical && opt_.hierarchy.valid();
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
   bool overlaps() const noexcept { return overlap_; }
 
-  void execute(const Response& r, std::span<Entry* const> entries) override {
+  void execute(const Response& r, std::span<Entry* const> entries,
+               Clock::time_point arrival) override {
     const auto start = Clock::now();
     if (timeline())
       for (std::size_t i = 0; i < entries.size(); ++i)
-        if (entries[i]) opt_.timeline->span(r.names[i], "QUEUE", queued_since(entries[i], start), start);
+        if (entries[i]) opt_.timeline->span(r.names[i], "QUEUE", arrival, start);
     switch (r.kind) {
       case OpKind::allreduce: allreduce(r, entries); break;
       case OpKind::allgather: allgather(r, entries[0]); break;
@@ -83,15 +77,10 @@ class HostBackend final : public Backend {
     return fusion_.allocations() + scratch_.allocations() + piece_.allocations();
   }
 
-  // The time each entry's response arrived; set by the engine before execute().
-  void set_response_arrival(std::chrono::steady_clock::time_point t) noexcept { arrival_ = t; }
-
  private:
-  using Clock = std::chrono::steady_clock;
   Timeline* timeline() const noexcept {
     return opt_.timeline && opt_.timeline->active() ? opt_.timeline : nullptr;
   }
-  Clock::time_point queued_since(const Entry*, Clock::time_point) const noexcept { return arrival_; }
   std::int64_t chunk(DataType d) const noexcept { return chunk_elements(opt_.chunk_bytes, d); }
 
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems) {
@@ -247,12 +236,12 @@ class HostBackend final : public Backend {
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;
   HostBuffer scratch_;
+  int ranks_on_host_ = 1;
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
   FusedJob job_;  // the fused allreduce being executed (Note [Direct segments])
   FusionPipeline pipeline_;
   bool overlap_ = false;
   std::int64_t direct_min_bytes_ = 0;  // 0: pack every tensor of a fused response
-  Clock::time_point arrival_;
 };
 
 }  // namespace dtrain::detail

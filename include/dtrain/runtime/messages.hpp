@@ -151,6 +151,15 @@ struct CacheInsert {
   std::string name;
 };
 
+// Settings the autotuner changes on every rank at the same message (Note [Configuration
+// generations] in autotune/tuner.hpp). The coordinator's own knobs (fusion threshold, cycle time,
+// response cache) change on rank 0 alone; these shape what every rank does with a response.
+struct TunedSettings {
+  std::uint64_t generation = 0;  // 0: no change in this message
+  bool fusion_pipeline = true;
+  bool hierarchical_allreduce = false;
+};
+
 // Coordinator -> every rank.
 struct ResponseMessage {
   std::uint64_t seq = 0;
@@ -159,13 +168,14 @@ struct ResponseMessage {
   std::vector<std::uint64_t> cache_evictions;
   std::string fatal;                        // non-empty: the engine stops; every op fails with it
   bool shutdown_complete = false;           // every rank called shutdown: engines exit
+  TunedSettings tuned;                      // applied before the responses
 
   void write(WireWriter& w) const {
     w.put(seq); w.put(static_cast<std::uint32_t>(responses.size()));
     for (const auto& s : responses) s.write(w);
     w.put(static_cast<std::uint32_t>(cache_inserts.size()));
     for (const auto& c : cache_inserts) { w.put(c.id); w.put(c.name); }
-    w.put(cache_evictions); w.put(fatal); w.put(shutdown_complete);
+    w.put(cache_evictions); w.put(fatal); w.put(shutdown_complete); w.put(tuned);
   }
   void read(WireReader& r) {
     std::uint32_t n = 0;
@@ -175,7 +185,7 @@ struct ResponseMessage {
     r.get(n);
     cache_inserts.resize(n);
     for (auto& c : cache_inserts) { r.get(c.id); r.get(c.name); }
-    r.get(cache_evictions); r.get(fatal); r.get(shutdown_complete);
+    r.get(cache_evictions); r.get(fatal); r.get(shutdown_complete); r.get(tuned);
   }
 };
 

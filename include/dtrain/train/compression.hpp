@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 
 namespace dtrain {
 

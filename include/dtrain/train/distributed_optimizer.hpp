@@ -27,7 +27,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/train/compression.hpp"
 
 namespace dtrain {

@@ -4,7 +4,7 @@
 #include <string_view>
 #include <vector>
 
-#include "dtrain/comm/collectives.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/train/serialize.hpp"
 
 namespace dtrain {

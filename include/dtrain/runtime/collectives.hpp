@@ -427,10 +427,11 @@ inline int join() {
   q.dtype = DataType::uint8;
   q.shape = {0};
   auto e = detail::make_entry<void>(std::move(q));
-  auto state = e->state;
+  auto last = std::make_shared<std::optional<int>>();
+  e->set_last_joined = [last](int rank) { *last = rank; };
+  ResultHandle<int> h(e->state, last);
   eng->submit(std::move(e));
-  state->wait();
-  return static_cast<int>(state->int_result);
+  return h.get();
 }
 
 }  // namespace dtrain

@@ -2,6 +2,7 @@
 // A persistent, pre-touched host buffer. Fresh memory costs a page fault per 4 KiB page the first
 // time it is written, and glibc maps large allocations afresh on every malloc; so the engine
 // allocates its fusion and scratch buffers once, touches every page, and only grows them.
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
