@@ -64,7 +64,7 @@ run_cpp() {
   "$mpiexec" -n "$ranks" "$trainer" --dataset synthetic --synthetic-samples "$samples" \
     --image-size "$image" --model "$model" --batch-size "$batch" --epochs "$epochs" \
     --max-steps-per-epoch "$steps" --eval-samples "$batch" --threads "$threads" --seed 42 |
-    tee /dev/stderr |
+    tee -a /dev/stderr |
     awk '/^epoch / { n++; for (i = 1; i <= NF; ++i) if ($i == "img/s" && n > 1) print $(i - 1) }' |
     sort -g |
     awk -v impl="$impl" -v ranks="$ranks" -v model="$model" -v image="$image" -v batch="$batch" \
@@ -84,7 +84,7 @@ run_py() {
   "$python" "$root/benchmarks/ddp_resnet.py" --ranks "$ranks" --model "$model" \
     --image-size "$image" --batch-size "$batch" --epochs "$epochs" --steps "$steps" \
     --samples $((ranks * steps * batch)) --threads "$threads" --seed 42 2>&1 |
-    tee /dev/stderr | grep '^RESULT '
+    tee -a /dev/stderr | grep '^RESULT '
 }
 
 results=$(mktemp)
