@@ -73,10 +73,13 @@ write_basic_package_version_file("${dtrain_BINARY_DIR}/dtrainConfigVersion.cmake
   VERSION "${dtrain_VERSION}" COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
 configure_file("${dtrain_SOURCE_DIR}/cmake/dtrainDependencies.cmake"
                "${dtrain_BINARY_DIR}/dtrainDependencies.cmake" COPYONLY)
+configure_file("${dtrain_SOURCE_DIR}/cmake/dtrainTorch.cmake"
+               "${dtrain_BINARY_DIR}/dtrainTorch.cmake" COPYONLY)
 
 install(FILES "${dtrain_BINARY_DIR}/package/dtrainConfig.cmake"
               "${dtrain_BINARY_DIR}/dtrainConfigVersion.cmake"
               "${dtrain_SOURCE_DIR}/cmake/dtrainDependencies.cmake"
+              "${dtrain_SOURCE_DIR}/cmake/dtrainTorch.cmake"
         DESTINATION "${DTRAIN_INSTALL_CMAKEDIR}")
 
 # dtrainrun in bin/, its Python package and the description of this build in

@@ -10,6 +10,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DTRAIN_BUILD_DIR:-$root/build}
 
 "$root/tools/install-deps.sh" --torch
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_MPI=mpich
+torch_prefix=$("$root/tools/setup-libtorch.sh")  # PyPI's torch wheel in .venv/: libtorch for C++
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_MPI=mpich \
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON
 cmake --build "$build" -j "$(nproc)" --target resnet_train
 mpiexec.mpich -n 2 "$build/examples/resnet/resnet_train" --model resnet8 --epochs 3 --batch-size 64 "$@"

@@ -15,8 +15,10 @@ Usage: tools/install-deps.sh [--torch] [--browser] [--openmpi] [--dry-run]
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
               iproute2 (the launcher's two-host test across network namespaces)
-  --torch     libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev
-              (the libtorch integration, its tests and the Fashion-MNIST example)
+  --torch     python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev nlohmann-json3-dev
+              (the libtorch integration, its tests, the Fashion-MNIST and Mask R-CNN examples;
+              libtorch itself comes from PyPI's torch wheel, installed by tools/setup-libtorch.sh
+              into a virtual environment of the project, never the system Python)
   --browser   chromium (the test that opens a dtrain-report page in a headless browser)
   --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
   --dry-run   only print what would be installed
@@ -29,7 +31,7 @@ EOF
 
 base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
   iproute2)
-torch_packages=(libtorch-dev libopenblas0-pthread dataset-fashion-mnist zlib1g-dev libstb-dev)
+torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev nlohmann-json3-dev)
 browser_packages=(chromium)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Sets up a fresh Debian 12 machine and runs every dtrain test:
-# installs the missing apt packages, configures against MPICH, builds, runs ctest.
+# Sets up a fresh Debian 12 machine and runs every dtrain test: installs the missing apt packages
+# and the tested libtorch (PyPI's torch wheel, into .venv/), configures against MPICH and that
+# libtorch, builds, runs ctest. A libtorch that cannot be used fails the configure: the libtorch
+# tests are never skipped here.
 #
 #   tools/run-tests.sh            (build directory: build/, or $DTRAIN_BUILD_DIR)
 set -euo pipefail
@@ -9,10 +11,16 @@ build=${DTRAIN_BUILD_DIR:-$root/build}
 jobs=$(nproc)
 
 "$root/tools/install-deps.sh" --torch --browser
+torch_prefix=$("$root/tools/setup-libtorch.sh")
+# pycocotools, for the test that scores the Mask R-CNN example's output with the reference COCO API.
+venv=${DTRAIN_TORCH_VENV:-$root/.venv}
+"$venv/bin/python" -c 'import pycocotools' 2>/dev/null ||
+  "$venv/bin/python" -m pip install --progress-bar off pycocotools >&2
 
 # MPICH is the reference MPI; pin it by its suffixed wrappers so an Open MPI installed next to it
 # cannot sneak into the build or the test launcher.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich \
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON -DMASK_RCNN_PYTHON="$venv/bin/python"
 cmake --build "$build" -j "$jobs"
 cd "$build"
 ctest --output-on-failure -j "$jobs"

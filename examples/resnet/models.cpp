@@ -177,6 +177,27 @@ torch::Tensor ImageNetResNet::forward(torch::Tensor images) {
   return fc_(features_->forward(images));
 }
 
+StemChoice choose_stem(std::string_view model, std::string_view requested,
+                       std::int64_t image_side) {
+  if (requested != "auto" && requested != "standard" && requested != "small") {
+    throw std::invalid_argument("stem must be auto, standard or small, got '" +
+                                std::string(requested) + "'");
+  }
+  if (model != "resnet18" && model != "resnet34" && model != "resnet50") return {};
+  const bool small =
+      requested == "small" || (requested == "auto" && image_side <= kSmallStemMaxSide);
+  std::string description = small ? "small-input stem (3x3 stride 1, no max-pool)"
+                                   : "standard stem (7x7 stride 2 + max-pool)";
+  if (requested == "auto") {
+    description += small ? ", for " + std::to_string(image_side) + " px images (<= " +
+                               std::to_string(kSmallStemMaxSide) + " px; --stem to choose)"
+                         : ", for " + std::to_string(image_side) + " px images (--stem to choose)";
+  } else {
+    description += ", chosen by --stem";
+  }
+  return {small, description};
+}
+
 std::vector<std::string> model_names() {
   return {"resnet8",   "resnet20", "resnet32", "resnet44", "resnet56",
           "resnet110", "resnet18", "resnet34", "resnet50"};

@@ -5,8 +5,10 @@
 //  - CIFAR-style ResNet-(6n+2) (He et al. 2016, section 4.2): a 3x3 stem, three stages of n basic
 //    blocks with 16/32/64 channels, global average pooling. ResNet-20/32/44/56/110 are n = 3..18;
 //    ResNet-8 (n = 1) is the quick demo model.
-//  - ImageNet-style ResNet-18/34 (basic blocks) and ResNet-50 (bottleneck blocks), optionally with
-//    a 3x3 stride-1 stem and no max-pool so that 28-64 px inputs are not downsampled away.
+//  - ImageNet-style ResNet-18/34 (basic blocks) and ResNet-50 (bottleneck blocks) with the
+//    standard stem (7x7 stride-2 convolution and max-pool), or the small-input stem (3x3 stride 1,
+//    no max-pool) for 32 px and smaller images, which the standard stem would shrink to 8 px before
+//    the first block. choose_stem() decides between them.
 
 #include <torch/torch.h>
 
@@ -42,8 +44,10 @@ struct ModelOptions {
   std::int64_t num_classes = 10;
   Shortcut shortcut = Shortcut::zero_pad;  // CIFAR-style networks only
   // ImageNet-style networks only: a 3x3 stride-1 stem without max-pool instead of the 7x7 stride-2
-  // stem and max-pool, which would shrink a 32 px input to 8 px before the first block.
-  bool small_input_stem = true;
+  // stem and max-pool, which would shrink a 32 px input to 8 px before the first block. On larger
+  // inputs it costs 16x the compute of the standard network (every feature map 4x larger on each
+  // side) and is no longer the model the name promises.
+  bool small_input_stem = false;
   Norm norm = Norm::batch;
 };
 
@@ -104,6 +108,19 @@ class ImageNetResNet : public Classifier {
   torch::nn::Sequential features_{nullptr};
   torch::nn::Linear fc_{nullptr};
 };
+
+// Which stem an ImageNet-style network gets, and why, for the trainer's header line.
+struct StemChoice {
+  bool small_input_stem = false;
+  std::string description;  // e.g. "standard stem (7x7 stride 2 + max-pool)"
+};
+
+// `requested` is "auto", "standard" or "small". Auto takes the small-input stem for images of at
+// most kSmallStemMaxSide pixels (Fashion-MNIST, CIFAR-10) and the standard stem above. CIFAR-style
+// networks always have their own 3x3 stem: the choice does not apply to them (description empty).
+// Throws std::invalid_argument for another `requested`.
+inline constexpr std::int64_t kSmallStemMaxSide = 32;
+StemChoice choose_stem(std::string_view model, std::string_view requested, std::int64_t image_side);
 
 // The names make_model accepts, for usage messages.
 std::vector<std::string> model_names();

@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <functional>
@@ -58,15 +59,27 @@ epoch and gradients are averaged before each step, so the global batch is N x --
                             (default 0; with --scale-lr the peak is --lr x ranks)
   --norm NAME               batch (default) or group: group norm does not depend on how
                             the batch is split across ranks
+  --stem NAME               resnet18/34/50: auto (default: the small-input 3x3 stem for images
+                            of 32 px or less, else the standard 7x7 stride-2 stem and max-pool),
+                            standard or small
   --seed N                  seed of initialisation, shuffling and augmentation (default 42)
-  --threads N               intra-op threads per rank (default 0: the host's cores divided
-                            by the ranks on the host)
+  --threads N               intra-op threads per rank (default 0: the cores this process may
+                            use, divided by the ranks on the host, at least 1)
   --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)
   --eval-samples N          evaluate on the first N test samples (default 0: all)
   --augment                 random crop with padding and horizontal flip
   --image-size N            imagefolder and synthetic image side (default 64 and 32)
   --synthetic-samples N     synthetic training samples (default 4096; test: N/8)
-  --checkpoint-dir DIR      write DIR/model.pt and DIR/optimizer.pt after every epoch
+  --checkpoint-dir DIR      checkpoint the training state (model, optimizer, data position,
+                            generators) into DIR after every epoch (dtrain::Checkpoint)
+  --checkpoint-every N      also every N steps within an epoch (default 0: epoch ends only)
+  --keep-checkpoints K      keep the newest K checkpoints (default 3; 0 keeps all)
+  --resume                  continue from the newest valid checkpoint in --checkpoint-dir, if
+                            there is one; the same command serves the first start and restarts
+  --save-model FILE         write the final model with torch::save (rank 0)
+  --crash-rank R            testing restarts: rank R kills itself with SIGKILL after the step
+  --crash-after-step N      of --crash-after-step, once the checkpoints before it are on disk;
+                            a run that resumed does not crash again
   --quiet                   print only the final summary
   --help                    print this text
 )";
@@ -120,6 +133,12 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
          require(value == "batch" || value == "group", flag, "batch or group", value);
          o.norm = value;
        }},
+      {"stem",
+       [&o](const std::string& flag, const std::string& value) {
+         require(value == "auto" || value == "standard" || value == "small", flag,
+                 "auto, standard or small", value);
+         o.stem = value;
+       }},
       {"seed",
        [&o](const std::string& flag, const std::string& value) {
          o.seed = parse_number<std::uint64_t>(flag, value);
@@ -130,9 +149,17 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       {"image-size", integer(o.image_size, 1)},
       {"synthetic-samples", integer(o.synthetic_samples, 2)},
       {"checkpoint-dir", text(o.checkpoint_dir)},
+      {"checkpoint-every", integer(o.checkpoint_every, 0)},
+      {"keep-checkpoints", integer(o.keep_checkpoints, 0)},
+      {"save-model", text(o.save_model)},
+      {"crash-rank", integer(o.crash_rank, 0)},
+      {"crash-after-step", integer(o.crash_after_step, 1)},
   };
-  const std::map<std::string, bool*> switches = {
-      {"augment", &o.augment}, {"scale-lr", &o.scale_lr}, {"quiet", &o.quiet}, {"help", &o.help}};
+  const std::map<std::string, bool*> switches = {{"augment", &o.augment},
+                                                 {"scale-lr", &o.scale_lr},
+                                                 {"resume", &o.resume},
+                                                 {"quiet", &o.quiet},
+                                                 {"help", &o.help}};
 
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -160,6 +187,13 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
       throw UsageError("unknown option '--" + flag + "'");
     }
   }
+  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every > 0)) {
+    throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
+                     " needs --checkpoint-dir: the folder that holds the checkpoints");
+  }
+  if ((o.crash_rank >= 0) != (o.crash_after_step > 0)) {
+    throw UsageError("--crash-rank and --crash-after-step go together");
+  }
   if (o.warmup_epochs > static_cast<double>(o.epochs)) {
     std::ostringstream message;
     message << "--warmup-epochs (" << o.warmup_epochs << ") must not exceed --epochs (" << o.epochs
@@ -167,6 +201,21 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
     throw UsageError(message.str());
   }
   return o;
+}
+
+ThreadChoice choose_threads(std::int64_t requested, std::int64_t cores, std::int64_t local_ranks) {
+  cores = std::max<std::int64_t>(1, cores);
+  local_ranks = std::max<std::int64_t>(1, local_ranks);
+  const auto plural = [](std::int64_t n, const std::string& word) {
+    return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+  };
+  ThreadChoice choice;
+  choice.threads = requested > 0 ? requested : std::max<std::int64_t>(1, cores / local_ranks);
+  choice.description = plural(local_ranks, "rank") + " x " + plural(choice.threads, "thread") +
+                       " on " + plural(cores, "core") + " of this host";
+  if (requested > 0) choice.description += " (--threads)";
+  if (local_ranks * choice.threads > cores) choice.description += ", oversubscribed";
+  return choice;
 }
 
 TrainOptions parse_options(int argc, const char* const* argv) {

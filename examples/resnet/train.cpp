@@ -8,9 +8,16 @@
 //   mpiexec -n 2 resnet_train --model resnet8 --epochs 3
 //   mpiexec -n 4 resnet_train --lr 0.05 --scale-lr --warmup-epochs 2
 //   resnet_train --dataset cifar10 --data-dir ~/data/cifar-10-batches-bin --augment
+//   dtrainrun -np 4 --restarts 3 resnet_train --checkpoint-dir ckpt --checkpoint-every 200 --resume
+//
+// With --checkpoint-dir it checkpoints its whole training state (dtrain::Checkpoint); a job that is
+// killed and started again with --resume ends with the weights, bit for bit, of one that was never
+// interrupted. With DTRAIN_PROFILE=<folder> each rank records where its steps spend their time
+// (the phases marked in the training loop; docs/profiling.md).
 
 #include <fmt/core.h>
 #include <mpi.h>
+#include <sched.h>
 #include <torch/torch.h>
 
 #include <dtrain/torch.hpp>  // dtrain: the SDK, with its libtorch support
@@ -21,9 +28,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "datasets.hpp"
@@ -37,6 +50,15 @@ using resnet::Dataset;
 using resnet::DataSplits;
 using resnet::TrainOptions;
 using Clock = std::chrono::steady_clock;
+
+// The cores this process may run on (its affinity mask: taskset, cgroup cpusets, a launcher's
+// binding), which can be fewer than the machine has.
+std::int64_t usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max<std::int64_t>(1, std::thread::hardware_concurrency());
+}
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -98,12 +120,15 @@ std::int64_t steps_per_epoch(const TrainOptions& options,
   return steps;
 }
 
+// Trains `steps` steps on the front of `shard`, starting at global step `first_step` (which sets
+// the learning rate). `after_step(b)` runs after the step of batch b, inside the step's profile.
 template <class Optimizer>
 Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SGD& sgd,
                        const Dataset& train, const std::vector<std::int64_t>& shard,
                        const TrainOptions& options, const dtrain::LrSchedule& schedule,
                        std::int64_t first_step, std::int64_t steps, torch::Generator& augment_rng,
-                       const torch::Device& device) {
+                       const torch::Device& device, dtrain::Profiler& profiler,
+                       const std::function<void(std::int64_t)>& after_step) {
   model.train();
   Totals totals;
   const auto start = Clock::now();
@@ -111,21 +136,42 @@ Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SG
                                                  static_cast<std::int64_t>(shard.size()));
   const auto pad = train.images.size(2) >= 32 ? 4 : 2;
   for (std::int64_t step = 0; step < steps; ++step) {
-    const auto begin = shard.begin() + step * batch_size;
-    const auto indices =
-        torch::tensor(std::vector<std::int64_t>(begin, begin + batch_size), torch::kLong);
-    auto batch = train.subset(indices);
-    if (options.augment) batch.images = resnet::augment_batch(batch.images, pad, true, augment_rng);
-    batch.images = batch.images.to(device);
-    batch.labels = batch.labels.to(device);
-
-    dtrain::set_learning_rate(sgd, schedule.lr_at_step(first_step + step));
-    optimizer.zero_grad();
-    const auto logits = model.forward(batch.images);
-    const auto loss = torch::nn::functional::cross_entropy(logits, batch.labels);
-    loss.backward();
-    optimizer.step();
+    auto profiled_step = profiler.step(batch_size);  // dtrain: one step, phase by phase
+    Dataset batch;
+    {
+      auto phase = profiler.phase(dtrain::Phase::data);
+      const auto begin = shard.begin() + step * batch_size;
+      const auto indices =
+          torch::tensor(std::vector<std::int64_t>(begin, begin + batch_size), torch::kLong);
+      batch = train.subset(indices);
+      if (options.augment) batch.images = resnet::augment_batch(batch.images, pad, true, augment_rng);
+      batch.images = batch.images.to(device);
+      batch.labels = batch.labels.to(device);
+    }
+    torch::Tensor logits, loss;
+    {
+      auto phase = profiler.phase(dtrain::Phase::forward);
+      logits = model.forward(batch.images);
+      loss = torch::nn::functional::cross_entropy(logits, batch.labels);
+    }
+    {
+      // dtrain: each gradient's allreduce starts from its hook as soon as backward has made it.
+      auto phase = profiler.phase(dtrain::Phase::backward);
+      loss.backward();
+    }
+    {
+      auto phase = profiler.phase(dtrain::Phase::communication_wait);
+      optimizer.synchronize();  // dtrain: the gradients are averaged over the ranks
+    }
+    {
+      auto phase = profiler.phase(dtrain::Phase::optimizer);
+      auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
+      dtrain::set_learning_rate(sgd, schedule.lr_at_step(first_step + step));
+      optimizer.step();
+      optimizer.zero_grad();
+    }
     accumulate(totals, logits.detach(), batch.labels, loss.detach());
+    after_step(step);
   }
   totals.seconds = seconds_since(start);
   return totals;
@@ -191,19 +237,57 @@ EpochReport summarize(const Totals& train, const Totals& test,
           throughput.global_samples};
 }
 
-void save_checkpoint(const std::filesystem::path& dir, const std::shared_ptr<Classifier>& model,
-                     const torch::optim::SGD& optimizer) {
-  std::filesystem::create_directories(dir);
-  // Written next to the target and renamed, so an interrupted run never leaves half a file.
-  auto save = [&dir](const std::string& name, auto&& write) {
-    const auto tmp = dir / (name + ".tmp");
-    write(tmp.string());
-    std::filesystem::rename(tmp, dir / name);
+// Written next to the target and renamed, so an interrupted run never leaves half a file.
+void save_model(const std::filesystem::path& file, const std::shared_ptr<Classifier>& model) {
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path());
+  auto tmp = file;
+  tmp += ".tmp";
+  torch::save(std::static_pointer_cast<torch::nn::Module>(model), tmp.string());
+  std::filesystem::rename(tmp, file);
+}
+
+// FNV-1a over the bytes of every parameter, buffer and momentum buffer: equal fingerprints mean
+// (practically) bitwise-equal training states, which is what a restarted run must end with.
+std::uint64_t fingerprint(const torch::nn::Module& model, torch::optim::SGD& sgd) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const torch::Tensor& t) {
+    const auto cpu = t.detach().to(torch::kCPU).contiguous();
+    const auto* p = static_cast<const unsigned char*>(cpu.data_ptr());
+    for (std::size_t i = 0; i < cpu.nbytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
   };
-  save("model.pt", [&](const std::string& path) {
-    torch::save(std::static_pointer_cast<torch::nn::Module>(model), path);
-  });
-  save("optimizer.pt", [&](const std::string& path) { torch::save(optimizer, path); });
+  for (const auto& p : model.parameters()) mix(p);
+  for (const auto& b : model.buffers()) mix(b);
+  for (const auto& group : sgd.param_groups())
+    for (const auto& p : group.params()) {
+      const auto it = sgd.state().find(p.unsafeGetTensorImpl());
+      if (it != sgd.state().end())
+        mix(static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+    }
+  return h;
+}
+
+// dtrain: between two epoch ends each rank's batch-norm statistics are its own (average_buffers
+// makes them equal at the end of the epoch), so a checkpoint keeps every rank's.
+using NamedBuffers = std::vector<std::pair<std::string, torch::Tensor>>;
+
+NamedBuffers named_buffers(const torch::nn::Module& model) {
+  NamedBuffers out;
+  for (const auto& item : model.named_buffers()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+void load_buffers(torch::nn::Module& model, const NamedBuffers& saved) {
+  auto own = model.named_buffers();
+  if (own.size() != saved.size())
+    throw std::runtime_error(fmt::format("the checkpoint holds {} buffers per rank, this model {}",
+                                         saved.size(), own.size()));
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, value] : saved) {
+    auto* target = own.find(name);
+    if (target == nullptr || target->sizes() != value.sizes())
+      throw std::runtime_error("the checkpoint's per-rank buffer '" + name + "' does not fit this model");
+    target->copy_(value);
+  }
 }
 
 int run(const TrainOptions& options) {
@@ -217,11 +301,8 @@ int run(const TrainOptions& options) {
   const bool is_root = dtrain::rank() == 0;  // dtrain: one rank prints and writes files
   const bool report = is_root && !options.quiet;
   // dtrain: ranks on one host share its cores instead of each starting one thread per core.
-  const auto cores = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
-  const auto threads = options.threads > 0
-                           ? options.threads
-                           : std::max<std::int64_t>(1, cores / dtrain::local_size());
-  torch::set_num_threads(static_cast<int>(threads));
+  const auto threads = resnet::choose_threads(options.threads, usable_cores(), dtrain::local_size());
+  torch::set_num_threads(static_cast<int>(threads.threads));
   torch::manual_seed(options.seed);
   // dtrain: with GPUs, each rank on a host takes its own, by local rank.
   const torch::Device device =
@@ -238,9 +319,11 @@ int run(const TrainOptions& options) {
                            : data.test;
 
   const auto norm = options.norm == "group" ? resnet::Norm::group : resnet::Norm::batch;
-  const auto model = resnet::make_model(
-      options.model,
-      {.in_channels = data.channels(), .num_classes = data.num_classes(), .norm = norm});
+  const auto stem = resnet::choose_stem(options.model, options.stem, data.train.images.size(3));
+  const auto model = resnet::make_model(options.model, {.in_channels = data.channels(),
+                                                        .num_classes = data.num_classes(),
+                                                        .small_input_stem = stem.small_input_stem,
+                                                        .norm = norm});
   dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
   model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
@@ -275,24 +358,107 @@ int run(const TrainOptions& options) {
         "{} steps per epoch, lr {} (peak {}), {} threads per rank on {}; data loaded in {:.1f} s\n",
         options.model, options.dataset, data.train.size(), test.size(), shape[1], shape[2],
         shape[3], data.num_classes(), dtrain::size(), options.batch_size,
-        options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(), threads,
-        device.str(), seconds_since(load_start));
+        options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(),
+        threads.threads, device.str(), seconds_since(load_start));
+    fmt::print("threads: {}\n", threads.description);
+    std::int64_t parameters = 0;
+    for (const auto& p : model->parameters()) parameters += p.numel();
+    fmt::print("model: {}, {} parameters{}{}\n", options.model, parameters,
+               stem.description.empty() ? "" : ", ", stem.description);
     std::fflush(stdout);
   }
+
+  // dtrain: checkpoints of the whole training state, and resuming from the newest valid one.
+  // Another world size is refused: the global batch, the steps per epoch and with them the
+  // learning-rate schedule would change under the run.
+  std::optional<dtrain::Checkpoint> checkpoint;
+  if (!options.checkpoint_dir.empty())
+    checkpoint.emplace(dtrain::CheckpointOptions{
+        .directory = options.checkpoint_dir,
+        .keep_last = static_cast<int>(options.keep_checkpoints),
+        .on_world_size_change = dtrain::WorldSizeChange::refuse});
+  std::int64_t step = 0;  // optimizer steps so far, over all epochs: sets the learning rate
+  std::int64_t first_epoch = 1;
+  bool resumed = false;
+  const bool has_buffers = !model->buffers().empty();
+  if (options.resume) {
+    if (auto restored = checkpoint->restore()) {  // collective: rank 0 reads, every rank loads
+      restored->load("model", *model);            // in place: the optimizer keeps its parameters
+      restored->load("optimizer", sgd);
+      dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
+      if (has_buffers) load_buffers(*model, restored->get<NamedBuffers>("rank_buffers"));
+      if (options.augment) restored->load("augment_rng", augment_rng);
+      const auto position = restored->get<dtrain::SamplerState>("sampler");
+      sampler.load_state(position);  // the rest of the interrupted epoch
+      step = restored->step();
+      first_epoch = position.epoch;
+      resumed = true;
+      if (report)
+        fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it\n",
+                   restored->file().string(), step, first_epoch, position.position,
+                   data.train.size());
+    } else if (report) {
+      fmt::print("no checkpoint in {}: starting afresh\n", options.checkpoint_dir);
+    }
+  }
+  // Every rank calls save() at the same step; rank 0 writes in the background. `taken`: the
+  // samples this rank has used of the sampler's current order.
+  auto save = [&](std::int64_t epoch, std::int64_t taken) {
+    const dtrain::SamplerState position = sampler.state(taken);
+    const auto torch_rng = dtrain::torch_rng_state();
+    const auto buffers = named_buffers(*model);
+    const dtrain::TrainingProgress progress{.step = step, .epoch = epoch};
+    if (has_buffers && options.augment)
+      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
+                                  {"torch_rng", torch_rng}},
+                       {{"rank_buffers", buffers}, {"augment_rng", augment_rng}});
+    else if (has_buffers)
+      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
+                                  {"torch_rng", torch_rng}},
+                       {{"rank_buffers", buffers}});
+    else if (options.augment)
+      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
+                                  {"torch_rng", torch_rng}},
+                       {{"augment_rng", augment_rng}});
+    else
+      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
+                                  {"torch_rng", torch_rng}});
+  };
 
   const auto run_start = Clock::now();
   EpochReport last{};
   double best_accuracy = 0.0;
   double train_seconds = 0.0;
   std::int64_t train_images = 0;
+  std::int64_t epochs_run = 0;
   dtrain::ThroughputMeter throughput;  // dtrain: images/s of all ranks together
-  for (std::int64_t epoch = 1; epoch <= options.epochs; ++epoch) {
-    sampler.set_epoch(epoch);
+  dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
+  for (std::int64_t epoch = first_epoch; epoch <= options.epochs; ++epoch) {
+    sampler.set_epoch(epoch);  // keeps a resumed position in its own epoch
+    // After a resume: the steps of this epoch that are left, on the rest of its order.
+    const auto done = step - (epoch - 1) * steps;
+    const auto epoch_steps = steps - done;
     throughput.start_epoch();
+    const auto after_step = [&](std::int64_t b) {
+      ++step;
+      if (checkpoint && options.checkpoint_every > 0 && step % options.checkpoint_every == 0 &&
+          b + 1 < epoch_steps) {
+        auto phase = profiler.phase("checkpoint");
+        save(epoch, (b + 1) * options.batch_size);
+      }
+      if (step == options.crash_after_step && !resumed) {
+        // The checkpoints so far are on disk before the crash, so the restart's starting point
+        // is known: the newest one at or before this step.
+        if (checkpoint) checkpoint->wait();
+        dtrain::barrier();
+        if (dtrain::rank() == options.crash_rank) std::raise(SIGKILL);
+      }
+    };
     const Totals train = train_one_epoch(*model, optimizer, sgd, data.train, sampler.indices(),
-                                         options, schedule, (epoch - 1) * steps, steps,
-                                         augment_rng, device);
+                                         options, schedule, step, epoch_steps, augment_rng,
+                                         device, profiler, after_step);
     throughput.add_samples(train.samples);
+    ++epochs_run;
     const auto trained = throughput.end_epoch();
     average_buffers(*model);
     const Totals tested =
@@ -309,16 +475,23 @@ int run(const TrainOptions& options) {
           100 * last.test_accuracy, last.images_per_second, last.seconds);
       std::fflush(stdout);
     }
-    if (is_root && !options.checkpoint_dir.empty())
-      save_checkpoint(options.checkpoint_dir, model, sgd);
+    if (checkpoint) {
+      sampler.set_epoch(epoch + 1);  // saved as the start of the next epoch
+      save(epoch + 1, 0);
+    }
   }
+  if (checkpoint) checkpoint->wait();  // the last checkpoint is on disk (errors surface here)
+  if (is_root && !options.save_model.empty()) save_model(options.save_model, model);
   if (is_root) {
     fmt::print(
         "final: {} epochs in {:.1f} s on {} ranks, test accuracy {:.2f}% (best {:.2f}%), train "
         "loss {:.4f}, {:.1f} img/s\n",
-        options.epochs, seconds_since(run_start), dtrain::size(), 100 * last.test_accuracy,
+        epochs_run, seconds_since(run_start), dtrain::size(), 100 * last.test_accuracy,
         100 * best_accuracy, last.train_loss,
         train_seconds > 0 ? static_cast<double>(train_images) / train_seconds : 0.0);
+    if (!options.quiet)
+      fmt::print("weights: step {}, fingerprint {:016x} (parameters, buffers, momentum)\n", step,
+                 fingerprint(*model, sgd));
   }
   return 0;
 }

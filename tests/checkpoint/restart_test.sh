@@ -10,6 +10,11 @@
 # reshard  Killed on RANKS ranks, resumed on RESUME_RANKS: must resume from RESUME_STEP, say it
 #          re-sharded, and end after FINAL_STEP steps.
 # refuse   Killed on RANKS ranks, resumed on RESUME_RANKS: must fail, saying EXPECTED_TEXT.
+#
+# Environment: FINAL_LINE, the pattern of the trainer's line that states its final weights
+# (default ^final:); COMPARE_CHECKPOINTS=0 skips comparing the final checkpoint files byte for
+# byte (a libtorch optimizer's saved state names parameters by their address, which differs from
+# process to process).
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mode=$1 launcher=$2 trainer=$3 work=$4 ranks=$5 crash_rank=$6 crash_step=$7 resume_step=$8
@@ -54,13 +59,18 @@ case $mode in
       || fail "expected exactly one restart: the crash did not happen, or happened again"
     grep -q "resumed from $work/restarted/$resume_file: step $resume_step," "$work/restarted.log" \
       || fail "the restart did not resume from $resume_file"
-    want=$(grep "^final:" "$work/reference.log")
-    got=$(grep "^final:" "$work/restarted.log")
+    final_line=${FINAL_LINE:-^final:}
+    want=$(grep "$final_line" "$work/reference.log")
+    got=$(grep "$final_line" "$work/restarted.log")
     [[ -n $want && "$want" == "$got" ]] || fail "final weights differ: '$want' uninterrupted, '$got' restarted"
-    last=$(cd "$work/reference" && ls checkpoint-*.dtrain | tail -n 1)
-    cmp "$work/reference/$last" "$work/restarted/$last" \
-      || fail "the final checkpoints $last differ (model, optimizer, sampler or RNG state)"
-    echo "PASS: $got in both runs; final checkpoints $last identical"
+    if [[ ${COMPARE_CHECKPOINTS:-1} == 1 ]]; then
+      last=$(cd "$work/reference" && ls checkpoint-*.dtrain | tail -n 1)
+      cmp "$work/reference/$last" "$work/restarted/$last" \
+        || fail "the final checkpoints $last differ (model, optimizer, sampler or RNG state)"
+      echo "PASS: $got in both runs; final checkpoints $last identical"
+    else
+      echo "PASS: $got in both runs"
+    fi
     ;;
   reshard|refuse)
     resume_ranks=${extra[0]} expected=${extra[1]}

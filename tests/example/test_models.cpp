@@ -42,6 +42,47 @@ TEST_CASE("the large stem takes ImageNet-sized inputs; num_classes sets the outp
   CHECK(shape_of(model->forward(torch::randn({1, 3, 224, 224}))) == "1x7");
 }
 
+TEST_CASE("the stem: standard on ImageNet-sized inputs, small on 32 px and less, or as asked") {
+  using resnet::choose_stem;
+  CHECK_FALSE(ModelOptions{}.small_input_stem);  // the model the name promises
+  for (const char* name : {"resnet18", "resnet34", "resnet50"}) {
+    CAPTURE(name);
+    CHECK(choose_stem(name, "auto", 28).small_input_stem);
+    CHECK(choose_stem(name, "auto", 32).small_input_stem);
+    CHECK_FALSE(choose_stem(name, "auto", 64).small_input_stem);
+    CHECK_FALSE(choose_stem(name, "auto", 224).small_input_stem);
+    CHECK(choose_stem(name, "small", 224).small_input_stem);
+    CHECK_FALSE(choose_stem(name, "standard", 28).small_input_stem);
+  }
+  CHECK(choose_stem("resnet18", "auto", 64).description ==
+        "standard stem (7x7 stride 2 + max-pool), for 64 px images (--stem to choose)");
+  CHECK(choose_stem("resnet50", "auto", 32).description ==
+        "small-input stem (3x3 stride 1, no max-pool), for 32 px images (<= 32 px; --stem to "
+        "choose)");
+  CHECK(choose_stem("resnet18", "small", 64).description ==
+        "small-input stem (3x3 stride 1, no max-pool), chosen by --stem");
+  // The CIFAR networks have their own 3x3 stem whatever is asked.
+  CHECK(choose_stem("resnet20", "standard", 224).description.empty());
+  CHECK_THROWS_AS(choose_stem("resnet18", "big", 32), std::invalid_argument);
+
+  // What each stem is: the first convolution, and whether a max-pool follows.
+  const auto stem_of = [](const resnet::Classifier& model) {
+    std::string first_conv;
+    bool max_pool = false;
+    for (const auto& module : model.modules(/*include_self=*/false)) {
+      if (const auto* conv = module->as<torch::nn::Conv2d>(); conv && first_conv.empty()) {
+        first_conv = std::to_string((*conv->options.kernel_size())[0]) + "x" +
+                     std::to_string((*conv->options.kernel_size())[1]) + "/" +
+                     std::to_string((*conv->options.stride())[0]);
+      }
+      max_pool = max_pool || module->as<torch::nn::MaxPool2d>() != nullptr;
+    }
+    return first_conv + (max_pool ? " + max-pool" : "");
+  };
+  CHECK(stem_of(*make_model("resnet18", {})) == "7x7/2 + max-pool");
+  CHECK(stem_of(*make_model("resnet50", {.small_input_stem = true})) == "3x3/1");
+}
+
 TEST_CASE("parameter counts match the published architectures") {
   // He et al. 2016, Table 6 (0.27M ... 1.7M), as counted by the widely used reference
   // implementation with option A shortcuts.

@@ -32,6 +32,7 @@ TEST_CASE("no flags: the defaults") {
   CHECK(o.threads == 0);
   CHECK_FALSE(o.scale_lr);
   CHECK(o.norm == "batch");
+  CHECK(o.stem == "auto");
   CHECK_FALSE(o.quiet);
   CHECK_FALSE(o.augment);
 }
@@ -54,6 +55,8 @@ TEST_CASE("every flag, in both spellings") {
                                                                 "--warmup-epochs",
                                                                 "2.5",
                                                                 "--norm=group",
+                                                                "--stem",
+                                                                "small",
                                                                 "--seed",
                                                                 "123",
                                                                 "--threads",
@@ -68,6 +71,17 @@ TEST_CASE("every flag, in both spellings") {
                                                                 "256",
                                                                 "--checkpoint-dir",
                                                                 "ckpt",
+                                                                "--checkpoint-every",
+                                                                "25",
+                                                                "--keep-checkpoints",
+                                                                "2",
+                                                                "--resume",
+                                                                "--save-model",
+                                                                "final.pt",
+                                                                "--crash-rank",
+                                                                "1",
+                                                                "--crash-after-step",
+                                                                "30",
                                                                 "--quiet"});
   CHECK(o.model == "resnet56");
   CHECK(o.dataset == "cifar10");
@@ -80,6 +94,7 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.scale_lr);
   CHECK(o.warmup_epochs == doctest::Approx(2.5));
   CHECK(o.norm == "group");
+  CHECK(o.stem == "small");
   CHECK(o.seed == 123);
   CHECK(o.threads == 2);
   CHECK(o.max_steps_per_epoch == 10);
@@ -88,6 +103,12 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.image_size == 48);
   CHECK(o.synthetic_samples == 256);
   CHECK(o.checkpoint_dir == "ckpt");
+  CHECK(o.checkpoint_every == 25);
+  CHECK(o.keep_checkpoints == 2);
+  CHECK(o.resume);
+  CHECK(o.save_model == "final.pt");
+  CHECK(o.crash_rank == 1);
+  CHECK(o.crash_after_step == 30);
   CHECK(o.quiet);
   CHECK_FALSE(o.help);
   CHECK(parse_options(std::vector<std::string>{"--help"}).help);
@@ -114,6 +135,13 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
   CHECK(usage_error({"--quiet=yes"}) == "--quiet takes no value");
   CHECK(usage_error({"--scale-lr=2"}) == "--scale-lr takes no value");
   CHECK(usage_error({"--norm", "layer"}) == "--norm must be batch or group, got layer");
+  CHECK(usage_error({"--stem", "large"}) == "--stem must be auto, standard or small, got large");
+  CHECK(usage_error({"--resume"}) ==
+        "--resume needs --checkpoint-dir: the folder that holds the checkpoints");
+  CHECK(usage_error({"--checkpoint-every", "10"}) ==
+        "--checkpoint-every needs --checkpoint-dir: the folder that holds the checkpoints");
+  CHECK(usage_error({"--keep-checkpoints", "-1"}) == "--keep-checkpoints must be >= 0, got -1");
+  CHECK(usage_error({"--crash-rank", "0"}) == "--crash-rank and --crash-after-step go together");
   CHECK(usage_error({"--epochs", "2", "--warmup-epochs", "3"}) ==
         "--warmup-epochs (3) must not exceed --epochs (2)");
 }
@@ -127,8 +155,26 @@ TEST_CASE("the usage text documents every flag") {
         "--warmup-epochs",  "--seed",    "--threads",    "--max-steps-per-epoch",
         "--eval-samples",   "--augment", "--image-size", "--synthetic-samples",
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
-        "--scale-lr",       "--norm",    "mpiexec -n N"}) {
+        "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
+        "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
+        "--crash-rank",     "--crash-after-step"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }
+}
+
+TEST_CASE("threads: ranks x threads fill the cores this process may use, at least one each") {
+  using resnet::choose_threads;
+  CHECK(choose_threads(0, 2, 1).threads == 2);
+  CHECK(choose_threads(0, 2, 1).description == "1 rank x 2 threads on 2 cores of this host");
+  CHECK(choose_threads(0, 2, 2).threads == 1);
+  CHECK(choose_threads(0, 16, 3).threads == 5);  // 15 of 16: never more threads than cores
+  CHECK(choose_threads(0, 2, 4).threads == 1);
+  CHECK(choose_threads(0, 2, 4).description ==
+        "4 ranks x 1 thread on 2 cores of this host, oversubscribed");
+  CHECK(choose_threads(3, 2, 1).threads == 3);
+  CHECK(choose_threads(3, 2, 1).description ==
+        "1 rank x 3 threads on 2 cores of this host (--threads), oversubscribed");
+  CHECK(choose_threads(1, 2, 2).description ==
+        "2 ranks x 1 thread on 2 cores of this host (--threads)");
 }

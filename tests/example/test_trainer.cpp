@@ -145,7 +145,7 @@ TEST_CASE("trainer: missing data stops with the file and how to get it") {
   CHECK(epoch_lines(result.output).empty());
 }
 
-TEST_CASE("trainer: learns a generated IDX dataset, reproducibly, and writes checkpoints") {
+TEST_CASE("trainer: learns a generated IDX dataset, reproducibly, checkpoints and saves the model") {
   TempDir dir;
   write_texture_dataset(dir.path());
   const std::vector<std::string> args = {"--data-dir",
@@ -163,7 +163,11 @@ TEST_CASE("trainer: learns a generated IDX dataset, reproducibly, and writes che
                                          "--seed",
                                          "5",
                                          "--checkpoint-dir",
-                                         (dir / "ckpt").string()};
+                                         (dir / "ckpt").string(),
+                                         "--keep-checkpoints",
+                                         "2",
+                                         "--save-model",
+                                         (dir / "model.pt").string()};
   const auto first = train(args);
   INFO(first.output);
   REQUIRE(first.exit_code == 0);
@@ -176,23 +180,29 @@ TEST_CASE("trainer: learns a generated IDX dataset, reproducibly, and writes che
   // Four balanced classes: chance is 25%.
   CHECK(epochs[2].test_accuracy > 75.0);
 
-  // Same seed, same thread count: the same numbers, epoch by epoch.
-  const auto again = epoch_lines(train(args).output);
+  // Same seed, same thread count: the same numbers, epoch by epoch (checkpoints in another
+  // folder: a run that does not resume refuses to save below another run's checkpoints).
+  auto again_args = args;
+  *std::find(again_args.begin(), again_args.end(), (dir / "ckpt").string()) = (dir / "again").string();
+  const auto again = epoch_lines(train(again_args).output);
   REQUIRE(again.size() == 3);
   for (std::size_t e = 0; e < 3; ++e) {
     CHECK(again[e].loss == epochs[e].loss);
     CHECK(again[e].test_accuracy == epochs[e].test_accuracy);
   }
 
-  // The checkpoint loads into a fresh model and holds the trained weights, not the initial ones.
-  REQUIRE(fs::exists(dir / "ckpt" / "model.pt"));
-  CHECK(fs::exists(dir / "ckpt" / "optimizer.pt"));
-  CHECK_FALSE(fs::exists(dir / "ckpt" / "model.pt.tmp"));
+  // A checkpoint at each epoch's end (20 steps each), the newest 2 kept.
+  CHECK_FALSE(fs::exists(dir / "ckpt" / "checkpoint-000000000020.dtrain"));
+  CHECK(fs::exists(dir / "ckpt" / "checkpoint-000000000040.dtrain"));
+  CHECK(fs::exists(dir / "ckpt" / "checkpoint-000000000060.dtrain"));
+  // The saved model loads into a fresh one and holds the trained weights, not the initial ones.
+  REQUIRE(fs::exists(dir / "model.pt"));
+  CHECK_FALSE(fs::exists(dir / "model.pt.tmp"));
   torch::manual_seed(5);
   const auto fresh = resnet::make_model("resnet8", {.in_channels = 1, .num_classes = 10});
   auto loaded = resnet::make_model("resnet8", {.in_channels = 1, .num_classes = 10});
   auto as_module = std::static_pointer_cast<torch::nn::Module>(loaded);
-  torch::load(as_module, (dir / "ckpt" / "model.pt").string());
+  torch::load(as_module, (dir / "model.pt").string());
   CHECK_FALSE(loaded->parameters()[0].equal(fresh->parameters()[0]));
 }
 
@@ -205,7 +215,22 @@ TEST_CASE("trainer: step and evaluation limits, --quiet, and the synthetic datas
   REQUIRE(result.exit_code == 0);
   CHECK(contains(result.output, "resnet8 on synthetic: 256 train / 10 test images of 3x16x16"));
   CHECK(contains(result.output, "5 steps per epoch"));
+  CHECK(contains(result.output, "\nthreads: 1 rank x 1 thread on "));
+  CHECK(contains(result.output, " cores of this host (--threads)"));
+  // ResNet-8 for 3 channels and 10 classes (He et al.: 0.08M), which has one stem only.
+  CHECK(contains(result.output, "\nmodel: resnet8, 75290 parameters\n"));
   CHECK(epoch_lines(result.output).size() == 2);
+
+  // An ImageNet-style network says which stem it got: the standard one on 64 px images.
+  const auto resnet18 =
+      train({"--dataset", "synthetic", "--synthetic-samples", "16", "--image-size", "64",
+             "--model", "resnet18", "--epochs", "1", "--batch-size", "4", "--max-steps-per-epoch",
+             "1", "--eval-samples", "4", "--threads", "1"});
+  INFO(resnet18.output);
+  CHECK(resnet18.exit_code == 0);
+  CHECK(contains(resnet18.output,
+                 "\nmodel: resnet18, 11181642 parameters, standard stem (7x7 stride 2 + "
+                 "max-pool), for 64 px images"));
 
   const auto quiet =
       train({"--dataset", "synthetic", "--synthetic-samples", "64", "--image-size", "8", "--epochs",
@@ -227,6 +252,7 @@ TEST_CASE("trainer on 2 ranks: learns, and only rank 0 prints") {
   CHECK(contains(result.output, "2 ranks x batch 16 = 32, 20 steps per epoch"));
   CHECK(count(result.output, "final: 3 epochs in") == 1);
   CHECK(contains(result.output, "on 2 ranks"));
+  CHECK(contains(result.output, "\nthreads: 2 ranks x 1 thread on "));
   const auto epochs = epoch_lines(result.output);
   REQUIRE(epochs.size() == 3);
   CHECK(epochs[2].loss < epochs[0].loss);
@@ -242,24 +268,24 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
     return std::vector<std::string>{
         "--data-dir", dir.path().string(), "--norm", "group", "--epochs", "2",
         "--max-steps-per-epoch", "4", "--eval-samples", "8", "--batch-size", batch, "--lr",
-        "0.05", "--threads", "1", "--seed", "9", "--quiet", "--checkpoint-dir",
+        "0.05", "--threads", "1", "--seed", "9", "--quiet", "--save-model",
         (dir / checkpoint).string()};
   };
-  const auto one = train(args("32", "one"), 1);
+  const auto one = train(args("32", "one.pt"), 1);
   INFO(one.output);
   REQUIRE(one.exit_code == 0);
-  const auto two = train(args("16", "two"), 2);
+  const auto two = train(args("16", "two.pt"), 2);
   INFO(two.output);
   REQUIRE(two.exit_code == 0);
 
   auto load = [&](const std::string& checkpoint) {
     auto model = std::static_pointer_cast<torch::nn::Module>(resnet::make_model(
         "resnet8", {.in_channels = 1, .num_classes = 10, .norm = resnet::Norm::group}));
-    torch::load(model, (dir / checkpoint / "model.pt").string());
+    torch::load(model, (dir / checkpoint).string());
     return model;
   };
-  const auto reference = load("one")->named_parameters();
-  const auto distributed = load("two")->named_parameters();
+  const auto reference = load("one.pt")->named_parameters();
+  const auto distributed = load("two.pt")->named_parameters();
   REQUIRE(reference.size() == distributed.size());
   // Eight steps in float32: the two runs sum the same gradients in a different order, which moves
   // the weights by rounding only (about 1e-7 relative per step, amplified a little by training).

@@ -324,7 +324,7 @@ TEST_CASE("broadcast_module + broadcast_optimizer_state make Adam identical on e
   for (auto& group : adam.param_groups()) {
     CHECK(group.options().get_lr() == 0.003);
     for (auto& p : group.params()) {
-      auto it = adam.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+      auto it = adam.state().find(p.unsafeGetTensorImpl());
       CHECK(it != adam.state().end());
       if (it == adam.state().end()) continue;  // (every rank has the same parameters)
       auto& s = static_cast<torch::optim::AdamParamState&>(*it->second);
@@ -396,4 +396,45 @@ TEST_CASE("named_parameters that miss a parameter, empty names, duplicates: clea
   }
   const double err = max_param_error(model, ref);
   CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+}
+
+TEST_CASE("one DistributedOptimizer per parameter; its hooks go with it") {
+  dtrain::init();
+  const Shards shards;
+  Net model = make_net();
+  dtrain::broadcast_module(*model, 0);
+  Net ref = clone_net(model);
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  using dtrain::InvalidArgumentError;
+
+  {
+    DistributedOptimizer first(opt, model->named_parameters());
+    // A second wrapper would take over the first one's gradient hooks (one per parameter).
+    torch::optim::SGD fc2_only(model->fc2->parameters(), sgd_options());
+    CHECK_THROWS_WITH_AS(DistributedOptimizer(fc2_only, model->named_parameters()),
+                         doctest::Contains("'fc2.weight' (shape [3, 8]) already has a "
+                                           "post-accumulate-grad hook"),
+                         InvalidArgumentError);
+    // The failed constructor left the first wrapper's hooks alone: it still averages.
+    first.zero_grad();
+    mse(model, shards.rank_batch(world_rank(), 0)).backward();
+    CHECK(first.step());
+  }
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  ref_opt.zero_grad();
+  mse(ref, shards.global_batch(0)).backward();
+  ref_opt.step();
+  CHECK(max_param_error(model, ref) <= kTolerance);
+
+  // The destroyed wrapper removed its hooks: a plain backward submits nothing (a hook into the
+  // dead object would crash), and a new wrapper can hook the same parameters.
+  opt.zero_grad();
+  mse(model, shards.rank_batch(world_rank(), 1)).backward();
+  for (auto& p : model->parameters())
+    CHECK_FALSE(static_cast<bool>(torch::autograd::impl::post_acc_grad_hooks(p)));
+  DistributedOptimizer second(opt, model->named_parameters());
+  second.zero_grad();
+  mse(model, shards.rank_batch(world_rank(), 1)).backward();
+  CHECK(second.step());
+  CHECK(parameters_identical_on_all_ranks(*model));
 }

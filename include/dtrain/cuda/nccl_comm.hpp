@@ -104,14 +104,14 @@ struct Deadline {
 class Backoff {
  public:
   void pause() {
-    using namespace std::chrono;
+    // Qualified: dtrain::detail has a milliseconds() of its own (the profiler's records).
     const auto waited = Deadline::Clock::now() - start_;
-    if (waited < microseconds(50)) return;
-    if (waited < milliseconds(2)) {
+    if (waited < std::chrono::microseconds(50)) return;
+    if (waited < std::chrono::milliseconds(2)) {
       std::this_thread::yield();
       return;
     }
-    std::this_thread::sleep_for(microseconds(100));
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 
  private:

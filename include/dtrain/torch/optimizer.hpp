@@ -2,11 +2,21 @@
 // DistributedOptimizer for libtorch optimizers, broadcast of parameters and optimizer state.
 //
 // Note [Gradient hooks]
-// A post-hook on each parameter's gradient accumulator fires right after backward has written
-// that parameter's gradient, and submits its allreduce at once: communication of the last layers'
-// gradients overlaps the backward pass of the first layers. step() then waits for every handle,
-// submits the gradients whose hook never fired (parameters unused in this step: zeros if they have
-// no gradient, so every rank still submits the same names), and applies the update.
+// A post-accumulate-grad hook on each parameter fires right after backward has written that
+// parameter's gradient into .grad(), and submits its allreduce at once: communication of the last
+// layers' gradients overlaps the backward pass of the first layers. step() then waits for every
+// handle, submits the gradients whose hook never fired (parameters unused in this step: zeros if
+// they have no gradient, so every rank still submits the same names), and applies the update.
+//
+// The hook is libtorch's torch::autograd::PostAccumulateGradHook (libtorch >= 2.1), the hook that
+// backs Python's Tensor.register_post_accumulate_grad_hook: it lives in the parameter's own
+// autograd metadata and is called by the AccumulateGrad node after accumulating. The C++ frontend
+// has no public registration function for it; impl::set_post_acc_grad_hooks is that function, with
+// one hook per tensor, so a parameter that already has one (another DistributedOptimizer over the
+// same model, say) is refused rather than silently taken over. The alternative, a post-hook on
+// impl::grad_accumulator(p), needs the optimizer to keep the accumulator node alive (the tensor
+// holds it weakly) and changed type across releases (std::shared_ptr in 1.x, c10::intrusive_ptr
+// in 2.x).
 #include <torch/torch.h>
 
 #include <map>
@@ -167,7 +177,7 @@ class DistributedOptimizer<Opt> {
       // Destructors never throw; the error was (or will be) reported by the op's own waiter.
     }
     for (auto& s : slots_)
-      if (s->accumulator) s->accumulator->del_post_hook(s->hook_key);
+      if (s->hooked) torch::autograd::impl::set_post_acc_grad_hooks(s->param, nullptr);
   }
 
   // Call after every backward pass; see Note [Gradient accumulation]. Returns true if it stepped.
@@ -214,22 +224,18 @@ class DistributedOptimizer<Opt> {
   struct Slot {
     torch::Tensor param;
     std::string name;
-    std::shared_ptr<torch::autograd::Node> accumulator;
-    std::uintptr_t hook_key = 0;
+    bool hooked = false;
     std::mutex mutex;  // the hook runs on autograd's thread
     int passes = 0;
     Handle handle;
     torch::Tensor wire;  // compressed copy in flight
   };
 
-  class Hook final : public torch::autograd::FunctionPostHook {
+  // Note [Gradient hooks]
+  class Hook final : public torch::autograd::PostAccumulateGradHook {
    public:
     Hook(DistributedOptimizer* owner, Slot* slot) : owner_(owner), slot_(slot) {}
-    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                              const torch::autograd::variable_list&) override {
-      owner_->on_gradient(*slot_);
-      return outputs;
-    }
+    void operator()(const torch::autograd::Variable&) override { owner_->on_gradient(*slot_); }
 
    private:
     DistributedOptimizer* owner_;
@@ -237,10 +243,17 @@ class DistributedOptimizer<Opt> {
   };
 
   // A parameter listed twice would get two hooks that reduce the same gradient twice, concurrently.
+  // One that already has a post-accumulate hook belongs to someone else (Note [Gradient hooks]).
   static void check_each_parameter_once(
       const std::vector<std::pair<torch::Tensor*, std::string>>& params) {
     std::map<const void*, const std::string*> first;
     for (const auto& [p, name] : params) {
+      if (p->requires_grad() && torch::autograd::impl::post_acc_grad_hooks(*p))
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedOptimizer: parameter '{}' (shape [{}]) already has a "
+            "post-accumulate-grad hook, set by another DistributedOptimizer over the same "
+            "parameters or by other code: wrap each parameter in one DistributedOptimizer",
+            name, fmt::join(p->sizes(), ", ")));
       auto [it, inserted] = first.emplace(p->unsafeGetTensorImpl(), &name);
       if (!inserted)
         throw InvalidArgumentError(fmt::format(
@@ -255,8 +268,8 @@ class DistributedOptimizer<Opt> {
     slot->param = p;
     slot->name = std::move(name);
     if (p.requires_grad()) {
-      slot->accumulator = torch::autograd::impl::grad_accumulator(p);
-      slot->hook_key = slot->accumulator->add_post_hook(std::make_unique<Hook>(this, slot.get()));
+      torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<Hook>(this, slot.get()));
+      slot->hooked = true;
     }
     slots_.push_back(std::move(slot));
   }

@@ -1,13 +1,21 @@
 #pragma once
-// tensor_traits for torch::Tensor (CPU, and CUDA when built with dtrain::cuda and a CUDA
-// libtorch). Tensors must be contiguous: dtrain reads and writes their memory directly.
+// tensor_traits for torch::Tensor (CPU, and CUDA with a CUDA-enabled libtorch). Tensors must be
+// contiguous: dtrain reads and writes their memory directly.
+//
+// Note [CUDA tensors and streams]
+// A CUDA tensor is handed to dtrain with libtorch's current stream of its device, so dtrain's
+// collective is ordered after the kernels that produced the tensor and before those queued later
+// on that stream (docs/device.md). Reading the current stream needs libc10_cuda, which only a
+// CUDA-enabled libtorch has: DTRAIN_TORCH_CUDA says that one is linked. dtrain::torch
+// (cmake/dtrainTorch.cmake) defines it for a CUDA libtorch; without the CMake target, define it
+// where a program links libtorch_cuda. Without it, CUDA tensors run on the default stream.
 #include <torch/torch.h>
 
 #include <fmt/format.h>
 
 #include "dtrain/tensor/traits.hpp"
 
-#if defined(DTRAIN_WITH_CUDA) && defined(DTRAIN_TORCH_CUDA)
+#if defined(DTRAIN_TORCH_CUDA)
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -78,8 +86,9 @@ struct tensor_traits<torch::Tensor> {
     if (s.empty()) s.push_back(1);  // a 0-d tensor travels as one element
     return s;
   }
+  // Note [CUDA tensors and streams]
   static void* stream([[maybe_unused]] const torch::Tensor& t) {
-#if defined(DTRAIN_WITH_CUDA) && defined(DTRAIN_TORCH_CUDA)
+#if defined(DTRAIN_TORCH_CUDA)
     if (t.is_cuda()) return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
 #endif
     return nullptr;

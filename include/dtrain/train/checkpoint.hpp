@@ -163,8 +163,9 @@ class RestoredCheckpoint {
     ObjectReader reader(bytes_->data() + range->offset, range->size);
     try {
       reader.read(value);
-    } catch (const InvalidArgumentError&) {
-      throw fail("reading ran past its end");
+    } catch (const InvalidArgumentError& e) {
+      // Reading ran past the item's end, or a dtrain_deserialize refused the data (and says why).
+      throw fail(e.what());
     }
     if (!reader.done()) throw fail("bytes were left over");
   }
