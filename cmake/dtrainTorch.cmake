@@ -249,6 +249,11 @@ function(dtrain_add_torch_target)
     target_compile_definitions(dtrain_torch INTERFACE DTRAIN_TORCH_CUDA=1)
     if(TARGET dtrain::cuda)
       target_link_libraries(dtrain_torch INTERFACE dtrain::cuda)
+    elseif(DTRAIN_NCCL_FROM_TORCH AND DTRAIN_NCCL_LIBRARY)
+      # Note [libtorch and NCCL]: without dtrain::cuda (the installed package asked only for the
+      # torch component) libtorch_cuda still needs the NCCL it ships, not an older one that the
+      # linker would otherwise find for it (the CUDA toolkit's, say).
+      target_link_libraries(dtrain_torch INTERFACE "${DTRAIN_NCCL_LIBRARY}")
     endif()
   endif()
 endfunction()
