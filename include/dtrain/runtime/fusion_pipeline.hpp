@@ -30,6 +30,9 @@
 // rank that joined has no memory for a direct tensor and contributes the op's identity (zeros for a
 // sum) from the fusion buffer.
 // Direct pieces come first, so the helper packs the small tensors while the large ones reduce.
+// Scaling a direct tensor (Average, postscale) happens inside its reduction, on this rank's shard
+// only (Note [Scaled allreduce] in comm/host_collectives.hpp); packed tensors are scaled by the
+// copies that happen anyway.
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -107,7 +110,10 @@ struct FusedJob {
   DataType dtype = DataType::float32;
   std::int64_t total = 0;        // elements of fusion buffer this rank needs (set by lay_out)
   std::int64_t piece = 0;        // elements per MPI call, at most
-  double prescale = 1.0, postscale = 1.0;
+  double prescale = 1.0, postscale = 1.0;  // packed segments: applied by the copies
+  // Direct segments are scaled by their reduction (Note [Scaled allreduce]): `direct_prescale`
+  // in place before it, `direct_factor` on the reduced shard. Unpacking leaves them alone.
+  double direct_prescale = 1.0, direct_factor = 1.0;
   ReduceOp op = ReduceOp::Sum;   // the reduction: a joined rank contributes its identity
 
   // Marks the segments of at least `direct_min` elements direct (none when it is <= 0), places
@@ -143,6 +149,11 @@ struct FusedJob {
 
   std::int64_t pieces() const noexcept { return static_cast<std::int64_t>(plan.size()); }
   std::int64_t piece_numel(std::int64_t k) const noexcept { return plan[k].n; }
+  // The factor the reduction of piece k multiplies its result by: packed pieces are scaled while
+  // unpacking. The same on every rank, joined or not, so every rank makes the same MPI calls.
+  double reduce_factor(std::int64_t k) const noexcept {
+    return plan[k].segment >= 0 ? direct_factor : 1.0;
+  }
 
   // The memory piece k is reduced in.
   void* piece_data(std::int64_t k) const noexcept {
@@ -164,9 +175,8 @@ struct FusedJob {
       if (!s.dst) {
         if (pack) fill_identity(dtype, op, piece_data(k), p.n);
       } else if (pack) {
-        scale_copy(dtype, static_cast<const char*>(s.src) + p.lo * es, piece_data(k), p.n, prescale);
-      } else {
-        scale_in_place(dtype, piece_data(k), p.n, postscale);
+        scale_copy(dtype, static_cast<const char*>(s.src) + p.lo * es, piece_data(k), p.n,
+                   direct_prescale);
       }
       return;
     }
