@@ -30,6 +30,14 @@
 // rank that joined has no memory for a direct tensor and contributes the op's identity (zeros for a
 // sum) from the fusion buffer.
 // Direct pieces come first, so the helper packs the small tensors while the large ones reduce.
+//
+// Note [Gradients in fusion memory]
+// Where a rank's packed tensors already sit back to back in one memory, in the order and with the
+// gaps (none) of the packed layout, that memory is used as the fusion buffer: the pieces are
+// reduced where the tensors live, and "packing" and "unpacking" only scale (in place) or do
+// nothing. GradientBuffer (train/gradient_buffer.hpp) lays gradients out so. Whether a rank takes
+// this road is its own affair: the pieces, and so the MPI calls, are planned from the response
+// alone, and only the memory a piece is reduced in differs.
 // Scaling a direct tensor (Average, postscale) happens inside its reduction, on this rank's shard
 // only (Note [Scaled allreduce] in comm/host_collectives.hpp); packed tensors are scaled by the
 // copies that happen anyway.
@@ -145,6 +153,21 @@ struct FusedJob {
     for (std::int64_t lo = 0; lo < packed_total; lo += piece)
       plan.push_back({-1, lo, std::min(piece, packed_total - lo)});
     total = offset;
+  }
+
+  // This rank's packed segments, when they already lie back to back in the buffer's layout, in
+  // memory of their own: the start of that memory, which can serve as the fusion buffer so that
+  // packing and unpacking copy nothing (Note [Gradients in fusion memory]). Null otherwise, and
+  // on a rank that joined (its stand-ins need the buffer). Call after lay_out().
+  void* packed_in_place() const noexcept {
+    if (packed_.empty()) return nullptr;
+    const std::int64_t es = static_cast<std::int64_t>(element_size(dtype));
+    for (const FusedSegment& s : segments)
+      if (!s.dst || s.src != s.dst) return nullptr;
+    char* base = static_cast<char*>(segments[packed_.front()].dst);  // offset 0
+    for (std::size_t i : packed_)
+      if (segments[i].dst != base + segments[i].offset * es) return nullptr;
+    return base;
   }
 
   std::int64_t pieces() const noexcept { return static_cast<std::int64_t>(plan.size()); }

@@ -141,7 +141,8 @@ class HostBackend final : public Backend {
     }
     job.piece = chunk(dtype);
     job.lay_out(direct_min_bytes_ / static_cast<std::int64_t>(es));  // Note [Direct segments]
-    job.buffer = fusion_.reserve(static_cast<std::size_t>(job.total) * es);
+    job.buffer = job.packed_in_place();  // Note [Gradients in fusion memory]
+    if (!job.buffer) job.buffer = fusion_.reserve(static_cast<std::size_t>(job.total) * es);
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
