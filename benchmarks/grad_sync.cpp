@@ -205,8 +205,10 @@ int main(int argc, char** argv) {
     const auto t0 = bench::Clock::now();
     std::vector<dtrain::Handle> handles;
     handles.reserve(b.count());
-    for (std::size_t i = 0; i < b.count(); ++i)
-      handles.push_back(dtrain::allreduce_async(b.view(i), {.op = op, .name = m.params[i].name + ".fm"}));
+    for (std::size_t i = 0; i < b.count(); ++i) {
+      std::span<float> g = b.view(i);
+      handles.push_back(dtrain::allreduce_async(g, {.op = op, .name = m.params[i].name + ".fm"}));
+    }
     for (auto& h : handles) h.wait();
     const double t = mpi.max_over_ranks(bench::seconds_since(t0));
     const float expected = op == ReduceOp::Average ? 1.0f : static_cast<float>(mpi.size());

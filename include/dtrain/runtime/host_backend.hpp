@@ -107,16 +107,23 @@ class HostBackend final : public Backend {
     if (opt_.hierarchical) opt_.stats->hierarchical_collectives.fetch_add(1, std::memory_order_relaxed);
     opt_.stats->bytes_reduced.fetch_add(static_cast<std::uint64_t>(r.total_numel()) * es,
                                         std::memory_order_relaxed);
-    if (entries.size() == 1 && entries[0]) {
-      // A lone tensor is reduced in place: no copies into a fusion buffer.
-      Entry& e = *entries[0];
+    if (entries.size() == 1) {
+      // A lone tensor is reduced in place: no copies into a fusion buffer. A rank that joined
+      // contributes the op's identity from scratch memory, through the same calls: whether the
+      // reduction scales in shards changes the MPI calls (Note [Scaled allreduce]).
       const std::int64_t n = r.numels[0];
+      void* data = entries[0] ? entries[0]->data : nullptr;
+      if (!data) {
+        data = scratch_.reserve(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * es);
+        fill_identity(dtype, op, data, n);
+      }
       const ScaleSplit scale = split_scaling(op, dtype, r.prescale, post);
       auto t0 = Clock::now();
-      scale_in_place(dtype, e.data, n, scale.before);
+      scale_in_place(dtype, data, n, scale.before);
       auto t1 = Clock::now();
-      reduce(e.data, n, dtype, op, chunk(dtype), scale.after);
+      reduce(data, n, dtype, op, chunk(dtype), scale.after);
       auto t2 = Clock::now();
+      if (!entries[0]) return;
       if (auto* tl = timeline()) {
         tl->span(r.names[0], "MPI_ALLREDUCE", t1, t2);
         if (scale.before != 1.0) tl->span(r.names[0], "SCALE_IN", t0, t1);

@@ -5,7 +5,10 @@
 //
 //   dtrain::GradientBuffer<float> grads({n_fc2, n_fc1, n_conv});  // backward order
 //   model.fc2.grad = grads.view(0);  ...                          // the model writes into views
-//   for (std::size_t i = 0; i < grads.count(); ++i) handles.push_back(allreduce_async(grads.view(i)));
+//   for (std::size_t i = 0; i < grads.count(); ++i) {
+//     std::span<float> g = grads.view(i);                       // after backward wrote it
+//     handles.push_back(dtrain::allreduce_async(g));
+//   }
 //
 // Views never move or change size for the buffer's lifetime. Tensors are laid out in the order
 // given, which should be the order they are submitted in (backward order), so the tensors of one
