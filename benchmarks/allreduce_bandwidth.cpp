@@ -2,9 +2,11 @@
 //
 // Strategies, interleaved round by round (Note [Benchmark method] in bench_common.hpp):
 //   dtrain        dtrain::allreduce (sync) of one tensor, ReduceOp::Sum
+//   dtrain avg    the same with ReduceOp::Average (Note [Scaled allreduce])
 //   raw           one MPI_Allreduce(MPI_IN_PLACE) of the whole buffer
 //   raw-chunked   the same buffer as MPI_Allreduce calls of DTRAIN_MPI_CHUNK_BYTES each, i.e. what
 //                 dtrain hands MPI; shows how much of dtrain's lead on large messages is chunking
+//   raw avg       MPI_Allreduce(MPI_SUM) then a 1/n loop: an average written by hand
 // Every buffer is allocated and touched once, before the first round.
 //
 // Usage: mpiexec -n <ranks> bench_allreduce_bandwidth [--rounds=10] [--min-bytes=4096]
@@ -65,6 +67,19 @@ int main(int argc, char** argv) {
                         MPI_FLOAT, MPI_SUM, mpi.comm());
         });
       };
+      auto run_dtrain_avg = [&] {
+        return time_reps(reps, [&] {
+          dtrain::allreduce(mine[i], {.op = dtrain::ReduceOp::Average, .name = name + ".avg"});
+        });
+      };
+      auto run_raw_avg = [&] {
+        const float s = 1.0f / static_cast<float>(mpi.size());
+        return time_reps(reps, [&] {
+          MPI_Allreduce(MPI_IN_PLACE, theirs[i].data(), static_cast<int>(theirs[i].size()),
+                        MPI_FLOAT, MPI_SUM, mpi.comm());
+          for (float& v : theirs[i]) v *= s;
+        });
+      };
       auto run_raw_chunked = [&] {
         const std::int64_t n = static_cast<std::int64_t>(theirs[i].size()), c = chunk_bytes / 4;
         return time_reps(reps, [&] {
@@ -74,13 +89,17 @@ int main(int argc, char** argv) {
         });
       };
       // Alternate the order so neither strategy always runs on a cache warmed by the other.
-      double d = 0, r = 0, rc = 0;
+      double d = 0, r = 0, rc = 0, da = 0, ra = 0;
       if (round % 2 == 0) {
         d = run_dtrain();
         r = run_raw();
+        da = run_dtrain_avg();
+        ra = run_raw_avg();
         rc = run_raw_chunked();
       } else {
         rc = run_raw_chunked();
+        ra = run_raw_avg();
+        da = run_dtrain_avg();
         r = run_raw();
         d = run_dtrain();
       }
@@ -88,12 +107,14 @@ int main(int argc, char** argv) {
       samples.add(fmt::format("dtrain/{}", bytes), d);
       samples.add(fmt::format("raw/{}", bytes), r);
       samples.add(fmt::format("rawchunk/{}", bytes), rc);
+      samples.add(fmt::format("dtrainavg/{}", bytes), da);
+      samples.add(fmt::format("rawavg/{}", bytes), ra);
     }
   }
 
   if (mpi.rank() == 0) {
     const int n = mpi.size();
-    fmt::print("# allreduce bandwidth, float32 Sum, {} rounds (median / min over rounds)\n", rounds);
+    fmt::print("# allreduce bandwidth, float32 Sum (and Average), {} rounds (median / min over rounds)\n", rounds);
     fmt::print("# {}\n", bench::machine_line(n));
     fmt::print("# DTRAIN_MPI_CHUNK_BYTES = {}\n", chunk_bytes);
     fmt::print("| size | dtrain time | dtrain busbw GB/s | raw time | raw busbw GB/s | dtrain/raw "
@@ -109,6 +130,20 @@ int main(int argc, char** argv) {
                  bench::allreduce_busbw_gbps(b, d.median, n), bench::human_time(r.median),
                  bench::allreduce_busbw_gbps(b, r.median, n), r.median / d.median, r.min / d.min,
                  bench::allreduce_busbw_gbps(b, rc.median, n));
+    }
+    fmt::print("\n# Average: dtrain (ReduceOp::Average) vs MPI_SUM then a 1/n loop (medians)\n");
+    fmt::print("| size | dtrain Average | dtrain Sum | dtrain Avg / Sum | raw Sum + 1/n loop | "
+               "raw Sum | dtrain Avg / raw Sum + loop | dtrain Avg / raw Sum |\n");
+    fmt::print("|---|---|---|---|---|---|---|---|\n");
+    for (auto bytes : sizes) {
+      auto d = samples.get(fmt::format("dtrain/{}", bytes));
+      auto r = samples.get(fmt::format("raw/{}", bytes));
+      auto da = samples.get(fmt::format("dtrainavg/{}", bytes));
+      auto ra = samples.get(fmt::format("rawavg/{}", bytes));
+      fmt::print("| {} | {} | {} | {:.2f} | {} | {} | {:.2f} | {:.2f} |\n", bench::human_bytes(bytes),
+                 bench::human_time(da.median), bench::human_time(d.median), da.median / d.median,
+                 bench::human_time(ra.median), bench::human_time(r.median), da.median / ra.median,
+                 da.median / r.median);
     }
   }
   dtrain::shutdown();

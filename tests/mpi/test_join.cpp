@@ -4,6 +4,7 @@
 // Ops after a join are named explicitly: generated names count ops per rank, and the ranks that
 // stay active submit more of them than the ranks that joined.
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "mpi_test_util.hpp"
@@ -39,4 +40,31 @@ TEST_CASE("join: the last rank to join keeps working alone, then the world is wh
   std::vector<std::int64_t> v{rank};
   dtrain::allreduce(v, {.op = dtrain::ReduceOp::Sum, .name = "after.join"});
   CHECK(v[0] == std::int64_t{size} * (size - 1) / 2);
+}
+
+// A joined rank runs the same MPI calls as the active ones, also where Average and scale factors
+// are applied on a reduce-scatter's shard (Note [Scaled allreduce]): lone tensors below and above
+// the in-place size of fused responses, and a fused group.
+TEST_CASE("join: scaled allreduces of large tensors while a rank has joined") {
+  dtrain::init();
+  const int rank = dtrain::rank(), size = dtrain::size();
+  const int active = size - 1;
+  if (rank == active) {
+    for (std::int64_t n : {std::int64_t{100003}, std::int64_t{300007}}) {
+      std::vector<float> avg(static_cast<std::size_t>(n), 6.0f);
+      dtrain::allreduce(avg, {.op = dtrain::ReduceOp::Average, .name = fmt::format("jl.avg.{}", n)});
+      CHECK(avg == std::vector<float>(avg.size(), 6.0f));
+      std::vector<double> post(static_cast<std::size_t>(n), 3.0);
+      dtrain::allreduce(post, {.op = dtrain::ReduceOp::Sum, .prescale = 0.5, .postscale = 4.0,
+                               .name = fmt::format("jl.post.{}", n)});
+      CHECK(post == std::vector<double>(post.size(), 6.0));
+    }
+    std::vector<float> a(300007, 2.0f), b(17, 4.0f), c(100003, 8.0f);
+    std::vector<std::span<float>> views{a, b, c};
+    dtrain::grouped_allreduce(views, {.op = dtrain::ReduceOp::Average, .name = "jl.group"});
+    CHECK(a == std::vector<float>(a.size(), 2.0f));
+    CHECK(b == std::vector<float>(b.size(), 4.0f));
+    CHECK(c == std::vector<float>(c.size(), 8.0f));
+  }
+  CHECK(dtrain::join() == active);
 }

@@ -68,11 +68,12 @@ inline HierarchicalPlan plan_hierarchical(std::int64_t n, int local_size, int pa
 }
 
 // In-place allreduce of `n` elements of `buf` through the host hierarchy. `op` must not be
-// Average (fold it into a postscale). `scratch` holds this rank's piece between the steps.
-// Collective over both communicators of `h`.
+// Average (fold it into a postscale). `scratch` holds this rank's piece between the steps. The
+// result is multiplied by `factor` while the piece is copied back, so a scaled allreduce costs no
+// extra pass (Note [Scaled allreduce]). Collective over both communicators of `h`.
 inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op,
                                    const HierarchyComms& h, HostBuffer& scratch,
-                                   std::int64_t chunk_elems) {
+                                   std::int64_t chunk_elems, double factor = 1.0) {
   if (!h.valid())
     throw Error("dtrain: internal error: hierarchical allreduce without host communicators");
   const HierarchicalPlan plan = plan_hierarchical(n, h.local_size, h.parts);
@@ -85,7 +86,7 @@ inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, Re
   if (mine > 0 && h.cross_size > 1) host_allreduce(piece, mine, dtype, op, h.cross, chunk_elems);
 
   // Allgather inside the host, in place: this rank's piece goes where it would be received.
-  if (mine > 0) std::memcpy(byte_ptr(buf, plan.displs[h.local_rank], dtype), piece, mine * es);
+  scale_copy(dtype, piece, byte_ptr(buf, plan.displs[h.local_rank], dtype), mine, factor);
   if (fits_in_count(plan.counts)) {
     auto c = to_int(plan.counts), d = to_int(plan.displs);
     mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(),

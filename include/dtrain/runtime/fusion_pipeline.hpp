@@ -30,6 +30,17 @@
 // rank that joined has no memory for a direct tensor and contributes the op's identity (zeros for a
 // sum) from the fusion buffer.
 // Direct pieces come first, so the helper packs the small tensors while the large ones reduce.
+//
+// Note [Gradients in fusion memory]
+// Where a rank's packed tensors already sit back to back in one memory, in the order and with the
+// gaps (none) of the packed layout, that memory is used as the fusion buffer: the pieces are
+// reduced where the tensors live, and "packing" and "unpacking" only scale (in place) or do
+// nothing. GradientBuffer (train/gradient_buffer.hpp) lays gradients out so. Whether a rank takes
+// this road is its own affair: the pieces, and so the MPI calls, are planned from the response
+// alone, and only the memory a piece is reduced in differs.
+// Scaling a direct tensor (Average, postscale) happens inside its reduction, on this rank's shard
+// only (Note [Scaled allreduce] in comm/host_collectives.hpp); packed tensors are scaled by the
+// copies that happen anyway.
 #if defined(__linux__)
 #include <sched.h>
 #endif
@@ -107,7 +118,10 @@ struct FusedJob {
   DataType dtype = DataType::float32;
   std::int64_t total = 0;        // elements of fusion buffer this rank needs (set by lay_out)
   std::int64_t piece = 0;        // elements per MPI call, at most
-  double prescale = 1.0, postscale = 1.0;
+  double prescale = 1.0, postscale = 1.0;  // packed segments: applied by the copies
+  // Direct segments are scaled by their reduction (Note [Scaled allreduce]): `direct_prescale`
+  // in place before it, `direct_factor` on the reduced shard. Unpacking leaves them alone.
+  double direct_prescale = 1.0, direct_factor = 1.0;
   ReduceOp op = ReduceOp::Sum;   // the reduction: a joined rank contributes its identity
 
   // Marks the segments of at least `direct_min` elements direct (none when it is <= 0), places
@@ -141,8 +155,28 @@ struct FusedJob {
     total = offset;
   }
 
+  // This rank's packed segments, when they already lie back to back in the buffer's layout, in
+  // memory of their own: the start of that memory, which can serve as the fusion buffer so that
+  // packing and unpacking copy nothing (Note [Gradients in fusion memory]). Null otherwise, and
+  // on a rank that joined (its stand-ins need the buffer). Call after lay_out().
+  void* packed_in_place() const noexcept {
+    if (packed_.empty()) return nullptr;
+    const std::int64_t es = static_cast<std::int64_t>(element_size(dtype));
+    for (const FusedSegment& s : segments)
+      if (!s.dst || s.src != s.dst) return nullptr;
+    char* base = static_cast<char*>(segments[packed_.front()].dst);  // offset 0
+    for (std::size_t i : packed_)
+      if (segments[i].dst != base + segments[i].offset * es) return nullptr;
+    return base;
+  }
+
   std::int64_t pieces() const noexcept { return static_cast<std::int64_t>(plan.size()); }
   std::int64_t piece_numel(std::int64_t k) const noexcept { return plan[k].n; }
+  // The factor the reduction of piece k multiplies its result by: packed pieces are scaled while
+  // unpacking. The same on every rank, joined or not, so every rank makes the same MPI calls.
+  double reduce_factor(std::int64_t k) const noexcept {
+    return plan[k].segment >= 0 ? direct_factor : 1.0;
+  }
 
   // The memory piece k is reduced in.
   void* piece_data(std::int64_t k) const noexcept {
@@ -164,9 +198,8 @@ struct FusedJob {
       if (!s.dst) {
         if (pack) fill_identity(dtype, op, piece_data(k), p.n);
       } else if (pack) {
-        scale_copy(dtype, static_cast<const char*>(s.src) + p.lo * es, piece_data(k), p.n, prescale);
-      } else {
-        scale_in_place(dtype, piece_data(k), p.n, postscale);
+        scale_copy(dtype, static_cast<const char*>(s.src) + p.lo * es, piece_data(k), p.n,
+                   direct_prescale);
       }
       return;
     }

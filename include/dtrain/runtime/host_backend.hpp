@@ -19,6 +19,20 @@
 
 namespace dtrain::detail {
 
+// How the host path applies a response's scale factors around a reduction (Note [Scaled
+// allreduce]): `before` multiplies each input, `after` the reduced result. For a float32/float64
+// sum the prescale moves to the result, where it costs nothing extra: scaling distributes over a
+// sum up to rounding. 16-bit floats keep it on the inputs, where it exists to keep their sum in
+// range; Min, Max and Product keep it there because scaling does not distribute over them.
+struct ScaleSplit {
+  double before = 1.0, after = 1.0;
+};
+inline ScaleSplit split_scaling(ReduceOp op, DataType dtype, double prescale, double postscale) {
+  if (op == ReduceOp::Sum && (dtype == DataType::float32 || dtype == DataType::float64))
+    return {1.0, prescale * postscale};
+  return {prescale, postscale};
+}
+
 class HostBackend final : public Backend {
  public:
   using Clock = std::chrono::steady_clock;
@@ -74,7 +88,8 @@ class HostBackend final : public Backend {
   }
 
   std::uint64_t buffer_allocations() const noexcept {
-    return fusion_.allocations() + scratch_.allocations() + piece_.allocations();
+    return fusion_.allocations() + scratch_.allocations() + piece_.allocations() +
+           shard_.allocations();
   }
 
  private:
@@ -83,11 +98,13 @@ class HostBackend final : public Backend {
   }
   std::int64_t chunk(DataType d) const noexcept { return chunk_elements(opt_.chunk_bytes, d); }
 
-  void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems) {
+  // Reduces in place and multiplies the result by `factor` (Note [Scaled allreduce]).
+  void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
+              double factor) {
     if (opt_.hierarchical)
-      hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems);
+      hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor);
     else
-      host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems);
+      host_allreduce_scaled(buf, n, dtype, op, factor, opt_.comm, chunk_elems, shard_);
   }
 
   void allreduce(const Response& r, std::span<Entry* const> entries) {
@@ -98,20 +115,26 @@ class HostBackend final : public Backend {
     if (opt_.hierarchical) opt_.stats->hierarchical_collectives.fetch_add(1, std::memory_order_relaxed);
     opt_.stats->bytes_reduced.fetch_add(static_cast<std::uint64_t>(r.total_numel()) * es,
                                         std::memory_order_relaxed);
-    if (entries.size() == 1 && entries[0]) {
-      // A lone tensor is reduced in place: no copies into a fusion buffer.
-      Entry& e = *entries[0];
+    if (entries.size() == 1) {
+      // A lone tensor is reduced in place: no copies into a fusion buffer. A rank that joined
+      // contributes the op's identity from scratch memory, through the same calls: whether the
+      // reduction scales in shards changes the MPI calls (Note [Scaled allreduce]).
       const std::int64_t n = r.numels[0];
+      void* data = entries[0] ? entries[0]->data : nullptr;
+      if (!data) {
+        data = scratch_.reserve(static_cast<std::size_t>(std::max<std::int64_t>(n, 1)) * es);
+        fill_identity(dtype, op, data, n);
+      }
+      const ScaleSplit scale = split_scaling(op, dtype, r.prescale, post);
       auto t0 = Clock::now();
-      scale_in_place(dtype, e.data, n, r.prescale);
+      scale_in_place(dtype, data, n, scale.before);
       auto t1 = Clock::now();
-      reduce(e.data, n, dtype, op, chunk(dtype));
+      reduce(data, n, dtype, op, chunk(dtype), scale.after);
       auto t2 = Clock::now();
-      scale_in_place(dtype, e.data, n, post);
+      if (!entries[0]) return;
       if (auto* tl = timeline()) {
         tl->span(r.names[0], "MPI_ALLREDUCE", t1, t2);
-        if (r.prescale != 1.0) tl->span(r.names[0], "SCALE_IN", t0, t1);
-        if (post != 1.0) tl->span(r.names[0], "SCALE_OUT", t2, Clock::now());
+        if (scale.before != 1.0) tl->span(r.names[0], "SCALE_IN", t0, t1);
       }
       return;
     }
@@ -120,6 +143,9 @@ class HostBackend final : public Backend {
     job.dtype = dtype;
     job.prescale = r.prescale;
     job.postscale = post;
+    const ScaleSplit direct_scale = split_scaling(op, dtype, r.prescale, post);
+    job.direct_prescale = direct_scale.before;
+    job.direct_factor = direct_scale.after;
     job.op = op;
     job.segments.clear();
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -130,13 +156,14 @@ class HostBackend final : public Backend {
     }
     job.piece = chunk(dtype);
     job.lay_out(direct_min_bytes_ / static_cast<std::int64_t>(es));  // Note [Direct segments]
-    job.buffer = fusion_.reserve(static_cast<std::size_t>(job.total) * es);
+    job.buffer = job.packed_in_place();  // Note [Gradients in fusion memory]
+    if (!job.buffer) job.buffer = fusion_.reserve(static_cast<std::size_t>(job.total) * es);
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
     pipeline_.run(job, [&](std::int64_t k) {
       if (k == 0) reduce_begin = Clock::now();
-      reduce(job.piece_data(k), job.piece_numel(k), dtype, op, job.piece);
+      reduce(job.piece_data(k), job.piece_numel(k), dtype, op, job.piece, job.reduce_factor(k));
       if (k + 1 == pieces) reduce_end = Clock::now();
     }, overlap_);
     auto t3 = Clock::now();
@@ -238,6 +265,7 @@ class HostBackend final : public Backend {
   HostBuffer scratch_;
   int ranks_on_host_ = 1;
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
+  HostBuffer shard_;  // this rank's shard during a scaled allreduce (Note [Scaled allreduce])
   FusedJob job_;  // the fused allreduce being executed (Note [Direct segments])
   FusionPipeline pipeline_;
   bool overlap_ = false;
