@@ -181,6 +181,12 @@ inline void host_reduce_scatter(const void* send, void* recv,
 // The choice depends only on the count, the dtype and the communicator's size, so every rank makes
 // the same MPI calls. The shard is reduced by MPI's reduce-scatter, so for floats the order of
 // additions is the library's, as it is for MPI_Allreduce; every rank receives the same bits.
+// Two collectives instead of one only pay where each rank has a core of its own: where ranks
+// outnumber cores every MPI call waits for descheduled peers (Note [Direct segments]), and on a
+// 2-core machine loaded by other processes the two calls' medians were many times one
+// allreduce's, their minima below it. So the host backend takes this road only where every rank
+// agreed at init that it has a core (the same verdict as direct segments); elsewhere a scaled
+// allreduce is one allreduce and a scaling pass.
 
 // Tensors at least this large are scaled shard by shard (Note [Scaled allreduce]).
 inline constexpr std::int64_t kScaledAllreduceMinBytes = std::int64_t{64} << 10;

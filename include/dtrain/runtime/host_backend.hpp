@@ -101,10 +101,14 @@ class HostBackend final : public Backend {
   // Reduces in place and multiplies the result by `factor` (Note [Scaled allreduce]).
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
               double factor) {
-    if (opt_.hierarchical)
+    if (opt_.hierarchical) {
       hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor);
-    else
+    } else if (opt_.direct_segments) {  // every rank has a core: shards pay (Note [Scaled allreduce])
       host_allreduce_scaled(buf, n, dtype, op, factor, opt_.comm, chunk_elems, shard_);
+    } else {
+      host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems);
+      scale_in_place(dtype, buf, n, factor);
+    }
   }
 
   void allreduce(const Response& r, std::span<Entry* const> entries) {
