@@ -16,7 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-EPOCHS, SAMPLES, HIDDEN, RANKS = 4, 1500, 64, 2
+# Long enough (a few seconds) for the 100 ms sampler to record system samples on every rank.
+EPOCHS, SAMPLES, HIDDEN, RANKS = 4, 6000, 512, 2
 PHASES = {"data", "forward", "backward", "communication_wait", "optimizer"}
 CHARTS = ("chart-step-breakdown", "chart-step-timeline", "chart-comm-compute",
           "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-utilization")
