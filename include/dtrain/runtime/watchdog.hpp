@@ -90,21 +90,25 @@ class Watchdog {
             "cannot cancel a collective, so this rank's engine has stopped; save what you need "
             "and exit.",
             kind_, executing_, rank_, op_timeout_seconds_);
-        if (owned_)
-          for (auto& e : *owned_)
-            if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
+        fail_executing(std::make_exception_ptr(TimeoutError(what)));
         lock.unlock();
         fail_all_(what);
         lock.lock();
       }
       if (monitor_ && !lost_at) {
         lock.unlock();
-        if (auto lost = monitor_->tick(now)) {
+        auto lost = monitor_->tick(now);
+        lock.lock();
+        if (lost) {
           lost_at = now;
           peer_lost_ = true;
+          // The collective under way may involve the lost rank and never return: its ops fail
+          // now, like every other op, so the program can save and exit before the grace ends.
+          fail_executing(std::make_exception_ptr(ShutdownError(*lost)));
+          lock.unlock();
           fail_all_(*lost);
+          lock.lock();
         }
-        lock.lock();
       }
       if (lost_at && now - *lost_at >= PeerMonitor::kExitGrace) {
         lock.unlock();
@@ -116,6 +120,13 @@ class Watchdog {
         return;
       }
     }
+  }
+
+  // Completes the entries of the collective being executed (mutex_ held).
+  void fail_executing(const std::exception_ptr& error) {
+    if (owned_)
+      for (auto& e : *owned_)
+        if (e) e->state->complete(error);
   }
 
   const double op_timeout_seconds_;
