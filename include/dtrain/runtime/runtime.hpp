@@ -2,12 +2,14 @@
 // Lifecycle (init, shutdown, Session) and topology queries.
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -205,6 +207,20 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
   l.state = State::running;
 }
 
+// Note [Finalize over TCP]
+// MPICH 4.0.2 with UCX 1.13 (Debian 12) can hang for ever in MPI_Finalize when a message between
+// two hosts is still in flight as a rank enters it: UCX's TCP transport stops progressing an
+// interface while an endpoint on it is still closing (openucx/ucx#8738); the other ranks then
+// wait in the PMI barrier at the end of MPI_Finalize. Measured on two network-namespace hosts
+// (tests/launcher/multihost_netns.py), with MPI_Finalize straight after shutdown 7 of 8 jobs hung;
+// with a barrier first 4 of 10 (its own last message is the one in flight); with a barrier and
+// a 20 ms pause 0 of 10. So when dtrain finalizes MPI for a job that spans hosts, every rank
+// waits for the others and lets the last messages land first: 20 ms once per job.
+inline void settle_before_finalize(MPI_Comm world) {
+  if (MPI_Barrier(world) != MPI_SUCCESS) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
 inline void shutdown_impl(bool inside_mpi_finalize) {
   auto& l = lifecycle();
   std::lock_guard lock(l.init_mutex);
@@ -227,6 +243,9 @@ inline void shutdown_impl(bool inside_mpi_finalize) {
     return;
   }
   rt->engine->release_communicators();  // now: another thread may still hold the engine
+  if (outcome == Outcome::clean && rt->owns_mpi && !inside_mpi_finalize &&
+      rt->topology.cross_size > 1)
+    settle_before_finalize(rt->world);
   rt->topology.free_comms();
   MPI_Comm_free(&rt->world);
   half_ops().destroy();
