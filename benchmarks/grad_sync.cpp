@@ -15,6 +15,9 @@
 //                           Note [Fusion pipeline])
 //   dtrain no pipeline      DTRAIN_FUSION_PIPELINE=0: pack, reduce, unpack in sequence
 //   dtrain no fusion        DTRAIN_FUSION_THRESHOLD=0: one collective per tensor
+//   dtrain scale after      the default Config with scaled allreduces scaling their whole result
+//                           after one MPI_Allreduce (detail::disable_scaling_in_shards()), i.e.
+//                           what Note [Scaled allreduce] saves; its Sum column equals "fused"
 //   dtrain fused, profiled  "dtrain fused" (Sum) inside a dtrain::Profiler step, the wait for the
 //                           handles in a communication_wait phase, the sampler at its shortest
 //                           period (100 ms) and the writer thread running (docs/profiling.md);
@@ -287,6 +290,9 @@ int main(int argc, char** argv) {
         if (!overlap) with_dtrain(fused, each_op("dtrain forced overlap"), true);
         with_dtrain(no_pipeline, each_op("dtrain no pipeline"));
         with_dtrain(no_fusion, each_op("dtrain no fusion"));
+        dtrain::detail::disable_scaling_in_shards() = true;
+        with_dtrain(fused, each_op("dtrain scale after"));
+        dtrain::detail::disable_scaling_in_shards() = false;
       };
       auto raw_blocks = [&] {
         for (ReduceOp op : ops_in_order()) {

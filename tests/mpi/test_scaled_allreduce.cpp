@@ -1,5 +1,5 @@
 // Average, prescale and postscale at the price of Sum (Note [Scaled allreduce]): a large scaled
-// allreduce is a reduce-scatter, a scaling of this rank's shard and an allgather. Checked against
+// allreduce is a ring reduce-scatter whose last addition also scales, and an allgather. Checked against
 // plain MPI (MPI_SUM in double, then a scaling loop) and against closed forms, for lone tensors,
 // fused groups and the hierarchical path, at sizes that do not divide by the rank count; and
 // checked to take that road (the MPI calls are counted through the PMPI profiling interface).
@@ -14,16 +14,17 @@
 
 namespace {
 
-std::atomic<std::int64_t> reduce_scatter_calls{0};
+std::atomic<std::int64_t> reduce_scatter_calls{0};  // sharded chunks: one allgather each
 std::atomic<std::int64_t> allreduce_calls{0};
 
 }  // namespace
 
 // Counted on every communicator (the engine's data communicator included), then forwarded.
-extern "C" int MPI_Reduce_scatter(const void* send, void* recv, const int counts[],
-                                  MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+extern "C" int MPI_Allgatherv(const void* send, int count, MPI_Datatype send_type, void* recv,
+                              const int counts[], const int displs[], MPI_Datatype recv_type,
+                              MPI_Comm comm) {
   reduce_scatter_calls.fetch_add(1);
-  return PMPI_Reduce_scatter(send, recv, counts, type, op, comm);
+  return PMPI_Allgatherv(send, count, send_type, recv, counts, displs, recv_type, comm);
 }
 extern "C" int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
                              MPI_Comm comm) {

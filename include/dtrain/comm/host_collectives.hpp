@@ -174,19 +174,28 @@ inline void host_reduce_scatter(const void* send, void* recv,
 // the whole result after MPI_Allreduce is a full extra pass over the tensor, about half the cost
 // of the reduction itself for a 100 MB gradient list at 2 ranks. But a large allreduce is, inside
 // MPI, a reduce-scatter followed by an allgather, and between the two each rank holds only its
-// 1/n shard of the result. host_allreduce_scaled() makes those two calls itself and scales the
-// shard while copying it from the reduce-scatter's output into place, so the scaling costs 1/n of
-// a pass and no extra copy. Small tensors are not worth a second collective's latency: below
+// 1/n shard of the result. host_allreduce_scaled() runs those two steps itself: a ring
+// reduce-scatter of point-to-point exchanges, whose last addition into each part also multiplies
+// it ((a + b) * f in the one pass that adds anyway), and MPI's allgather. So the scaling costs no
+// pass and no copy at all. Small tensors are not worth a second collective's latency: below
 // kScaledAllreduceMinBytes one MPI_Allreduce is followed by a scaling pass that stays in cache.
 // The choice depends only on the count, the dtype and the communicator's size, so every rank makes
-// the same MPI calls. The shard is reduced by MPI's reduce-scatter, so for floats the order of
-// additions is the library's, as it is for MPI_Allreduce; every rank receives the same bits.
+// the same MPI calls. Each part is summed around the ring in a fixed order, and every rank
+// receives the same bits from the allgather. A reduce-scatter of MPI's own with a scaling pass
+// over the shard was tried first: at 2 ranks it still left half a pass.
 // Two collectives instead of one only pay where each rank has a core of its own: where ranks
 // outnumber cores every MPI call waits for descheduled peers (Note [Direct segments]), and on a
 // 2-core machine loaded by other processes the two calls' medians were many times one
 // allreduce's, their minima below it. So the host backend takes this road only where every rank
 // agreed at init that it has a core (the same verdict as direct segments); elsewhere a scaled
 // allreduce is one allreduce and a scaling pass.
+
+// Set before dtrain::init(), on every rank alike, to scale every allreduce's whole result after
+// one MPI_Allreduce instead: benchmarks use it to measure what the shards save.
+inline bool& disable_scaling_in_shards() noexcept {
+  static bool disable = false;
+  return disable;
+}
 
 // Tensors at least this large are scaled shard by shard (Note [Scaled allreduce]).
 inline constexpr std::int64_t kScaledAllreduceMinBytes = std::int64_t{64} << 10;
@@ -212,7 +221,6 @@ inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, Red
     return;
   }
   const MPI_Datatype type = mpi_datatype(dtype);
-  const MPI_Op mop = mpi_op(op, dtype);
   // Every chunk fits MPI's int counts (chunk_elems <= mpi_count_limit()), so do its parts.
   const std::int64_t step = std::max<std::int64_t>(chunk_elems, size);
   int counts[kMaxShardRanks], displs[kMaxShardRanks];
@@ -226,7 +234,7 @@ inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, Red
     d = big_displs.data();
   }
   const std::size_t es = element_size(dtype);
-  void* mine = shard.reserve((static_cast<std::size_t>(std::min(step, n)) / size + 1) * es);
+  void* incoming = shard.reserve((static_cast<std::size_t>(std::min(step, n)) / size + 1) * es);
   for (std::int64_t off = 0; off < n; off += step) {
     const std::int64_t len = std::min(step, n - off);
     if (len < size) {  // a short tail: too small to split
@@ -242,8 +250,24 @@ inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, Red
       at += c[k];
     }
     char* chunk = byte_ptr(buf, off, dtype);
-    mpi_check(MPI_Reduce_scatter(chunk, mine, c, type, mop, comm), "MPI_Reduce_scatter");
-    scale_copy(dtype, mine, byte_ptr(chunk, d[rank], dtype), c[rank], factor);
+    // Ring reduce-scatter: in step s this rank sends its partial sum of part (rank-s-1) to the
+    // next rank and adds the previous rank's partial sum of part (rank-s-2) into its own; after
+    // size-1 steps it holds part `rank` complete, and the last addition also scales it.
+    const int next = (rank + 1) % size, prev = (rank - 1 + size) % size;
+    for (int s = 0; s < size - 1; ++s) {
+      const int send_part = ((rank - s - 1) % size + size) % size;
+      const int recv_part = ((rank - s - 2) % size + size) % size;
+      mpi_check(MPI_Sendrecv(byte_ptr(chunk, d[send_part], dtype), c[send_part], type, next, 0,
+                             incoming, c[recv_part], type, prev, 0, comm, MPI_STATUS_IGNORE),
+                "MPI_Sendrecv");
+      const double f = s == size - 2 ? factor : 1.0;
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        T* mine = reinterpret_cast<T*>(byte_ptr(chunk, d[recv_part], dtype));
+        if (f == 1.0) reduce_into(op, static_cast<const T*>(incoming), mine, c[recv_part]);
+        else reduce_scale_into(op, static_cast<const T*>(incoming), mine, c[recv_part], f);
+      });
+    }
     mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, chunk, c, d, type, comm),
               "MPI_Allgatherv");
   }

@@ -85,6 +85,24 @@ void reduce_into(ReduceOp op, const T* in, T* inout, std::int64_t n) noexcept {
   }
 }
 
+// inout[i] = op(in[i], inout[i]) * factor, in one pass: the last step of a reduce-scatter that
+// also applies Average or a postscale (Note [Scaled allreduce]). Floating-point types only.
+template <class T>
+void reduce_scale_into(ReduceOp op, const T* in, T* inout, std::int64_t n, double factor) noexcept {
+  if constexpr (is_half_v<T>) {
+    const float f = static_cast<float>(factor);
+    for (std::int64_t i = 0; i < n; ++i)
+      inout[i] = from_f32<T>(apply_op(op, to_f32(in[i]), to_f32(inout[i])) * f);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    const T f = static_cast<T>(factor);
+    if (op == ReduceOp::Sum || op == ReduceOp::Average) {  // hoisted so the loop vectorizes
+      for (std::int64_t i = 0; i < n; ++i) inout[i] = (in[i] + inout[i]) * f;
+    } else {
+      for (std::int64_t i = 0; i < n; ++i) inout[i] = apply_op(op, in[i], inout[i]) * f;
+    }
+  }
+}
+
 // dst[i] = src[i] * factor (src may equal dst). Integer types are only ever copied: scaling
 // integers is rejected when the op is submitted.
 inline void scale_copy(DataType dtype, const void* src, void* dst, std::int64_t n, double factor) {

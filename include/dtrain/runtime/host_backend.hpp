@@ -56,6 +56,7 @@ class HostBackend final : public Backend {
     ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
     overlap_ = o.pipeline && overlap_pays(ranks_on_host_);  // local: it moves no MPI call
     direct_min_bytes_ = o.direct_segments ? kFusionDirectMinBytes : 0;
+    shards_ = o.direct_segments && !disable_scaling_in_shards();
   }
 
   // The autotuner's settings, applied by every rank at the same response message (Note [Applying
@@ -103,7 +104,7 @@ class HostBackend final : public Backend {
               double factor) {
     if (opt_.hierarchical) {
       hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor);
-    } else if (opt_.direct_segments) {  // every rank has a core: shards pay (Note [Scaled allreduce])
+    } else if (shards_) {  // every rank has a core: shards pay (Note [Scaled allreduce])
       host_allreduce_scaled(buf, n, dtype, op, factor, opt_.comm, chunk_elems, shard_);
     } else {
       host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems);
@@ -274,6 +275,7 @@ class HostBackend final : public Backend {
   FusionPipeline pipeline_;
   bool overlap_ = false;
   std::int64_t direct_min_bytes_ = 0;  // 0: pack every tensor of a fused response
+  bool shards_ = false;  // scaled allreduces scale their shard (Note [Scaled allreduce])
 };
 
 }  // namespace dtrain::detail
