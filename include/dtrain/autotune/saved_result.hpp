@@ -69,7 +69,7 @@ inline std::uint64_t tensor_set_hash(std::vector<TensorSignature> tensors) {
   });
   std::uint64_t h = fnv1a("tensor-set");
   for (const auto& t : tensors) {
-    h = fnv1a(fmt::format("{}\n{}\n{}\n", t.name, to_string(t.dtype), t.elements), h);
+    h = fnv1a(fmt::format("{}\n{}\n{}\n", t.name, t.dtype, t.elements), h);
   }
   return h;
 }

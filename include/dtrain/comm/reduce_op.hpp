@@ -2,6 +2,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include <fmt/format.h>
+
 namespace dtrain {
 
 // Average divides the sum by the number of ranks that contributed (ranks that joined do not
@@ -21,3 +23,11 @@ constexpr std::string_view to_string(ReduceOp op) noexcept {
 }
 
 }  // namespace dtrain
+
+// `{}` writes to_string(op), the enumerator's name ("Average", "Sum", ...).
+template <>
+struct fmt::formatter<dtrain::ReduceOp> : fmt::formatter<std::string_view> {
+  auto format(dtrain::ReduceOp op, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(dtrain::to_string(op), ctx);
+  }
+};

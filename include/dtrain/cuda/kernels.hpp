@@ -135,7 +135,7 @@ inline void batched_convert(const DeviceKernels& k, std::span<const CopySegment>
   if (half_type != DataType::float16 && half_type != DataType::bfloat16)
     throw InvalidArgumentError(fmt::format(
         "dtrain: gradient compression converts float32 to float16 or bfloat16, not {}",
-        to_string(half_type)));
+        half_type));
   for (const auto& s : segments)
     if (s.count > 0 && (!s.src || !s.dst))
       throw InvalidArgumentError("dtrain: compression: a null source or destination pointer");

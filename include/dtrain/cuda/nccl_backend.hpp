@@ -72,7 +72,7 @@ class NcclBackend final : public DeviceTransport {
     }
     cuda_check(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord (op completion)");
     wait_for_device(lane.done, used,
-                    deadline, fmt::format("NCCL {} '{}'", to_string(r.kind),
+                    deadline, fmt::format("NCCL {} '{}'", r.kind,
                                           r.names.empty() ? "" : r.names.front()));
     ctx_.stats->collectives.fetch_add(1, std::memory_order_relaxed);
     if (ctx_.timeline && ctx_.timeline->active()) {

@@ -44,7 +44,7 @@ class StagingBackend final : public DeviceTransport {
     const Deadline deadline = Deadline::after(ctx_.config->op_timeout_seconds);
     CopyLane& lane = lane_for(device);
     order_after_producers(lane.stream, lane.ready, entries);
-    const std::string what = fmt::format("staging copies for {} '{}'", to_string(r.kind),
+    const std::string what = fmt::format("staging copies for {} '{}'", r.kind,
                                          r.names.empty() ? "" : r.names.front());
 
     // Device -> pinned host: every input, back to back (64-byte aligned for the host kernels).

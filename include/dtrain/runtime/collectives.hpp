@@ -75,7 +75,7 @@ Request describe(const T& t, OpKind kind, std::string name) {
     throw InvalidArgumentError(fmt::format(
         "dtrain: {} '{}': the tensor is on {}, but this program was built without dtrain's CUDA "
         "support: include <dtrain/cuda.hpp> and link dtrain::cuda",
-        op, q.name, to_string(q.device)));
+        op, q.name, q.device));
   return q;
 }
 
@@ -84,17 +84,17 @@ inline void check_reduction(const Request& q, ReduceOp op, double prescale, doub
     if (!std::isfinite(factor))
       throw InvalidArgumentError(fmt::format("dtrain: {} '{}': the {} factor is {}; scale factors "
                                              "must be finite numbers",
-                                             to_string(q.kind), q.name, label, factor));
+                                             q.kind, q.name, label, factor));
   if (!is_floating_point(q.dtype) && (op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0))
     throw InvalidArgumentError(fmt::format(
         "dtrain: {} '{}': {} on an integer tensor ({}): Average and scale factors are defined for "
         "floating-point tensors only (they would truncate). Use ReduceOp::Sum and divide yourself.",
-        to_string(q.kind), q.name,
+        q.kind, q.name,
         op == ReduceOp::Average ? "ReduceOp::Average" : "a scale factor other than 1",
-        to_string(q.dtype)));
+        q.dtype));
   if (static_cast<int>(op) > static_cast<int>(ReduceOp::Product))
     throw InvalidArgumentError(fmt::format("dtrain: {} '{}': invalid ReduceOp value {}",
-                                           to_string(q.kind), q.name, static_cast<int>(op)));
+                                           q.kind, q.name, static_cast<int>(op)));
 }
 
 // An op about to be submitted: the engine it goes to and its name (given or generated).

@@ -194,7 +194,7 @@ class Coordinator {
       }
       const auto& p = kv->second;
       out += fmt::format("\n  {} '{}': submitted by ranks [{}], missing on ranks [{}], waiting {:.1f} s",
-                         to_string(p.kind), kv->first, fmt::join(present_ranks(p), ", "),
+                         p.kind, kv->first, fmt::join(present_ranks(p), ", "),
                          fmt::join(missing_ranks(p), ", "), seconds(now - p.first_seen));
     }
     return out;
@@ -517,7 +517,7 @@ class Coordinator {
           return fail(ErrorKind::mismatch,
                       fmt::format("dtrain: ranks disagree on the {} of {} '{}': {}. Run with "
                                   "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
-                                  field, to_string(out.request.kind), name,
+                                  field, out.request.kind, name,
                                   by_value(p, [&](const Request& q) { return fmt::format("{}", get(q)); })));
         }
       }
@@ -529,11 +529,11 @@ class Coordinator {
       return q.shape.size() <= 1 ? std::string("[]")
                                  : fmt::format("[{}]", fmt::join(q.shape.begin() + 1, q.shape.end(), ", "));
     };
-    if (auto e = mismatch("op kind", [](const Request& q) { return std::string(to_string(q.kind)); })) return *e;
-    if (auto e = mismatch("dtype", [](const Request& q) { return std::string(to_string(q.dtype)); })) return *e;
-    if (auto e = mismatch("device", [](const Request& q) { return to_string(q.device); })) return *e;
+    if (auto e = mismatch("op kind", [](const Request& q) { return q.kind; })) return *e;
+    if (auto e = mismatch("dtype", [](const Request& q) { return q.dtype; })) return *e;
+    if (auto e = mismatch("device", [](const Request& q) { return q.device; })) return *e;
     if (kind == OpKind::allreduce || kind == OpKind::reducescatter) {
-      if (auto e = mismatch("reduce op", [](const Request& q) { return std::string(to_string(q.reduce_op)); })) return *e;
+      if (auto e = mismatch("reduce op", [](const Request& q) { return q.reduce_op; })) return *e;
       if (auto e = mismatch("prescale factor", [](const Request& q) { return q.prescale; })) return *e;
       if (auto e = mismatch("postscale factor", [](const Request& q) { return q.postscale; })) return *e;
     }
@@ -557,7 +557,7 @@ class Coordinator {
       return fail(ErrorKind::invalid_argument,
                   fmt::format("dtrain: {} '{}' cannot run while ranks [{}] have joined: only "
                               "allreduce, allgather, broadcast and barrier accept joined ranks",
-                              to_string(kind), name, fmt::join(missing_ranks(p), ", ")));
+                              kind, name, fmt::join(missing_ranks(p), ", ")));
     }
     // A joined rank contributes the op's identity (0, 1, +inf or -inf) from host memory; the
     // device path has no such fill, so there only Sum and Average accept joined ranks.
@@ -567,7 +567,7 @@ class Coordinator {
                   fmt::format("dtrain: allreduce '{}' with ReduceOp::{} on {} cannot run while "
                               "ranks [{}] have joined: device tensors accept joined ranks for Sum "
                               "and Average only",
-                              name, to_string(out.request.reduce_op), to_string(out.request.device),
+                              name, out.request.reduce_op, out.request.device,
                               fmt::join(missing_ranks(p), ", ")));
     }
     if (kind == OpKind::allgather) {
@@ -690,7 +690,7 @@ class Coordinator {
                        "[{}] never submitted it (submitted by ranks [{}]). Those ranks took a "
                        "different code path, are stuck, or are still busy; if a rank "
                        "legitimately works alone for that long, raise DTRAIN_OP_TIMEOUT_SECONDS.",
-                       to_string(q.kind), name, opt_.op_timeout_seconds,
+                       q.kind, name, opt_.op_timeout_seconds,
                        fmt::join(missing_ranks(p), ", "), fmt::join(present_ranks(p), ", ")),
            now);
     }
@@ -716,7 +716,7 @@ class Coordinator {
       fail_pending(name, ErrorKind::shutdown,
                    fmt::format("dtrain: {} '{}' can never complete: ranks [{}] called "
                                "dtrain::shutdown() without submitting it",
-                               to_string(q.kind), name, fmt::join(gone, ", ")),
+                               q.kind, name, fmt::join(gone, ", ")),
                    now);
     }
   }

@@ -168,7 +168,7 @@ class Engine {
   // another thread in that time is an error that tells the user to name the ops. The name is still
   // counted and submitted as rejected, so the peers fail at once and the counts stay in step.
   std::string generate_name(OpKind kind) {
-    return fmt::format("{}.{}", to_string(kind),
+    return fmt::format("{}.{}", kind,
                        name_counters_[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed));
   }
   // Throws InvalidArgumentError when another live thread makes unnamed calls (Note [Generated names]).
@@ -185,7 +185,7 @@ class Engine {
         "also makes unnamed calls: generated names follow each rank's call order, which differs "
         "between threads, so ranks would pair unrelated tensors. Give ops called from several "
         "threads explicit names (AllreduceOptions::name, the name argument).",
-        to_string(kind), name, rank_));
+        kind, name, rank_));
   }
 
   // Submits `name` as rejected by this rank, so the peers' ops of that name fail at once instead of
@@ -561,26 +561,26 @@ class Engine {
   // run, so a mismatch or a stall can be traced rank by rank.
   void log_submission(const Request& q) const {
     if (!q.rejected.empty()) {
-      log(LogLevel::debug, "rank {} submits {} '{}' rejected here: {}", rank_, to_string(q.kind),
+      log(LogLevel::debug, "rank {} submits {} '{}' rejected here: {}", rank_, q.kind,
           q.name, q.rejected);
       return;
     }
-    log(LogLevel::debug, "rank {} submits {} '{}'{}: {} [{}] on {}{}", rank_, to_string(q.kind),
-        q.name, q.group.empty() ? "" : fmt::format(" (group '{}')", q.group), to_string(q.dtype),
-        fmt::join(q.shape, ", "), to_string(q.device),
+    log(LogLevel::debug, "rank {} submits {} '{}'{}: {} [{}] on {}{}", rank_, q.kind,
+        q.name, q.group.empty() ? "" : fmt::format(" (group '{}')", q.group), q.dtype,
+        fmt::join(q.shape, ", "), q.device,
         q.kind == OpKind::allreduce || q.kind == OpKind::reducescatter
-            ? fmt::format(", {}", to_string(q.reduce_op))
+            ? fmt::format(", {}", q.reduce_op)
             : q.kind == OpKind::broadcast ? fmt::format(", root {}", q.root) : std::string());
   }
   void log_response(const Response& r) const {
     if (r.error != ErrorKind::none) {
-      log(LogLevel::debug, "rank {} is told {} [{}] failed: {}", rank_, to_string(r.kind),
+      log(LogLevel::debug, "rank {} is told {} [{}] failed: {}", rank_, r.kind,
           fmt::join(r.names, ", "), r.error_message);
       return;
     }
     log(LogLevel::debug, "rank {} runs {} of {} tensor(s) [{}]: {} elements of {}", rank_,
-        to_string(r.kind), r.names.size(), fmt::join(r.names, ", "), r.total_numel(),
-        to_string(r.dtype));
+        r.kind, r.names.size(), fmt::join(r.names, ", "), r.total_numel(),
+        r.dtype);
   }
 
   std::shared_ptr<Entry> take(const std::string& name) {
@@ -639,7 +639,7 @@ class Engine {
     } catch (const TimeoutError& ex) {
       // The device path aborted its communicator at the deadline: this rank's engine cannot go on.
       const std::string what = fmt::format("dtrain: {} '{}' on rank {} timed out: {}",
-                                           to_string(r.kind), r.names.empty() ? "" : r.names.front(),
+                                           r.kind, r.names.empty() ? "" : r.names.front(),
                                            rank_, ex.what());
       for (auto& e : owned)
         if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
@@ -651,7 +651,7 @@ class Engine {
       const std::string what = fmt::format(
           "dtrain: rank {} failed while executing {} '{}': {}. The other ranks are inside the same "
           "collective and cannot be released; aborting the job.",
-          rank_, to_string(r.kind), r.names.empty() ? "" : r.names.front(), ex.what());
+          rank_, r.kind, r.names.empty() ? "" : r.names.front(), ex.what());
       log(LogLevel::fatal, "{}", what);
       for (auto& e : owned)
         if (e) e->state->complete(std::make_exception_ptr(CommunicationError(what)));

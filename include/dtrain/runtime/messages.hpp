@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "dtrain/comm/reduce_op.hpp"
 #include "dtrain/runtime/wire.hpp"
 #include "dtrain/tensor/device.hpp"
@@ -27,6 +29,18 @@ constexpr std::string_view to_string(OpKind k) noexcept {
   }
   return "unknown";
 }
+
+}  // namespace dtrain::detail
+
+// `{}` writes to_string(k), the op's name in messages ("allreduce", "alltoall", ...).
+template <>
+struct fmt::formatter<dtrain::detail::OpKind> : fmt::formatter<std::string_view> {
+  auto format(dtrain::detail::OpKind k, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(dtrain::detail::to_string(k), ctx);
+  }
+};
+
+namespace dtrain::detail {
 
 // The negotiated description of one op as submitted on one rank.
 struct Request {

@@ -2,6 +2,9 @@
 // Where a tensor's memory lives.
 #include <cstdint>
 #include <string>
+#include <string_view>
+
+#include <fmt/format.h>
 
 namespace dtrain {
 
@@ -24,3 +27,11 @@ inline std::string to_string(const Device& d) {
 }
 
 }  // namespace dtrain
+
+// `{}` writes to_string(d): "cpu" or "cuda:<index>".
+template <>
+struct fmt::formatter<dtrain::Device> : fmt::formatter<std::string_view> {
+  auto format(const dtrain::Device& d, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(dtrain::to_string(d), ctx);
+  }
+};

@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
@@ -62,3 +64,11 @@ constexpr bool is_valid(DataType t) noexcept {
 }
 
 }  // namespace dtrain
+
+// `{}` writes to_string(t); width and fill apply as to a string.
+template <>
+struct fmt::formatter<dtrain::DataType> : fmt::formatter<std::string_view> {
+  auto format(dtrain::DataType t, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(dtrain::to_string(t), ctx);
+  }
+};

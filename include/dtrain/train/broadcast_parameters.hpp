@@ -26,7 +26,7 @@ struct ParamDescriptor {
 };
 
 inline std::string describe_param(const ParamDescriptor& d) {
-  return fmt::format("'{}' {} [{}]", d.name, to_string(d.dtype), fmt::join(d.shape, ", "));
+  return fmt::format("'{}' {} [{}]", d.name, d.dtype, fmt::join(d.shape, ", "));
 }
 
 // Collective. `local_error` (empty if none) is a problem this rank found in its own list, such as

@@ -65,7 +65,7 @@ inline void validate(const DistributedOptimizerOptions& o) {
   if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum)
     throw InvalidArgumentError(fmt::format(
         "dtrain: DistributedOptimizerOptions::op = {}: gradients are combined with Average or Sum",
-        to_string(o.op)));
+        o.op));
   if (o.backward_passes_per_step < 1)
     throw InvalidArgumentError(fmt::format(
         "dtrain: DistributedOptimizerOptions::backward_passes_per_step = {}: must be at least 1",
