@@ -40,12 +40,6 @@
 
 namespace dtrain::detail {
 
-inline std::int64_t row_elements(const Shape& shape) {
-  std::int64_t row = 1;
-  for (std::size_t i = 1; i < shape.size(); ++i) row *= shape[i];
-  return row;
-}
-
 class NcclBackend final : public DeviceTransport {
  public:
   explicit NcclBackend(const BackendContext& ctx) : ctx_(ctx) {
@@ -271,7 +265,7 @@ class NcclBackend final : public DeviceTransport {
   // ---- allgather / broadcast ---------------------------------------------------------------------
 
   void allgather(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {
-    const std::int64_t row = row_elements(r.shape);
+    const std::int64_t row = row_numel(r.shape);
     std::vector<std::int64_t> counts(r.rank_rows.size());
     std::int64_t total_rows = 0;
     for (std::size_t k = 0; k < counts.size(); ++k) {
@@ -318,7 +312,7 @@ class NcclBackend final : public DeviceTransport {
   // ---- alltoall / reducescatter ------------------------------------------------------------------
 
   void alltoall(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {
-    const std::int64_t row = row_elements(e->request.shape);
+    const std::int64_t row = row_numel(e->request.shape);
     std::vector<std::int64_t> recv_rows(size_);
     mpi_check(MPI_Alltoall(e->splits.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
                            ctx_.data_comm),
@@ -353,7 +347,7 @@ class NcclBackend final : public DeviceTransport {
   void reducescatter(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {
     const Shape& shape = e->request.shape;
     const std::int64_t rows = shape.empty() ? 1 : shape[0];
-    const std::int64_t row = row_elements(shape);
+    const std::int64_t row = row_numel(shape);
     std::vector<std::int64_t> counts(size_);
     for (int k = 0; k < size_; ++k) counts[k] = (rows / size_ + (k < rows % size_ ? 1 : 0)) * row;
     Shape out_shape = shape.empty() ? Shape{counts[rank_]} : shape;

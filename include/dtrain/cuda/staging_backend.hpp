@@ -84,9 +84,7 @@ class StagingBackend final : public DeviceTransport {
       h.set_received_splits = e->set_received_splits;
       h.make_output = [&, es](const Shape& s) -> void* {
         out_shape = s;
-        std::int64_t numel = 1;
-        for (auto d : s) numel *= d;
-        out_host = out_.reserve(std::max<std::size_t>(static_cast<std::size_t>(numel) * es, 64));
+        out_host = out_.reserve(std::max<std::size_t>(static_cast<std::size_t>(numel(s)) * es, 64));
         return out_host;
       };
       h.state = e->state;
@@ -107,9 +105,7 @@ class StagingBackend final : public DeviceTransport {
                      "cudaMemcpyAsync (pinned host to device)");
       } else if (out_host) {
         void* out = e->make_output(out_shape);
-        std::int64_t numel = 1;
-        for (auto d : out_shape) numel *= d;
-        const std::size_t bytes = static_cast<std::size_t>(numel) * es;
+        const std::size_t bytes = static_cast<std::size_t>(numel(out_shape)) * es;
         if (bytes > 0)
           cuda_check(cudaMemcpyAsync(out, out_host, bytes, cudaMemcpyHostToDevice, lane.stream),
                      "cudaMemcpyAsync (pinned host to device)");

@@ -56,12 +56,15 @@ Request describe(const T& t, OpKind kind, std::string name) {
   if (!is_valid(q.dtype))
     throw InvalidArgumentError(fmt::format("dtrain: {} '{}': invalid dtype value {}", op, q.name,
                                            static_cast<int>(q.dtype)));
-  std::int64_t product = 1;
-  for (auto d : q.shape) {
-    if (d < 0)
-      throw InvalidArgumentError(fmt::format("dtrain: {} '{}': negative dimension in shape [{}]",
-                                             op, q.name, fmt::join(q.shape, ", ")));
-    product *= d;
+  std::int64_t product = numel;
+  try {
+    if (!q.shape.empty()) product = detail::numel(q.shape);
+  } catch (const InvalidArgumentError& e) {
+    // Name the op and the tensor too: the shape alone does not say which call was wrong.
+    constexpr std::string_view prefix = "dtrain: ";
+    std::string_view why = e.what();
+    if (why.starts_with(prefix)) why.remove_prefix(prefix.size());
+    throw InvalidArgumentError(fmt::format("dtrain: {} '{}': {}", op, q.name, why));
   }
   if (q.shape.empty()) q.shape = {numel};
   else if (product != numel)

@@ -184,8 +184,7 @@ class HostBackend final : public Backend {
   }
 
   void allgather(const Response& r, Entry* e) {
-    std::int64_t row = 1;
-    for (std::size_t i = 1; i < r.shape.size(); ++i) row *= r.shape[i];
+    const std::int64_t row = row_numel(r.shape);
     std::vector<std::int64_t> counts(r.rank_rows.size());
     std::int64_t total_rows = 0;
     for (std::size_t k = 0; k < counts.size(); ++k) {
@@ -216,8 +215,7 @@ class HostBackend final : public Backend {
 
   void alltoall(const Response& r, Entry* e) {
     // Joined ranks are rejected during negotiation, so every rank has its entry here.
-    std::int64_t row = 1;
-    for (std::size_t i = 1; i < e->request.shape.size(); ++i) row *= e->request.shape[i];
+    const std::int64_t row = e->request.row_numel();
     std::vector<std::int64_t> recv_rows(size_);
     mpi_check(MPI_Alltoall(e->splits.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
                            opt_.comm),
@@ -242,8 +240,7 @@ class HostBackend final : public Backend {
   void reducescatter(const Response& r, Entry* e) {
     const Shape& shape = e->request.shape;
     const std::int64_t rows = shape.empty() ? 1 : shape[0];
-    std::int64_t row = 1;
-    for (std::size_t i = 1; i < shape.size(); ++i) row *= shape[i];
+    const std::int64_t row = row_numel(shape);
     std::vector<std::int64_t> counts(size_);
     for (int k = 0; k < size_; ++k)
       counts[k] = (rows / size_ + (k < rows % size_ ? 1 : 0)) * row;

@@ -12,6 +12,7 @@
 #include "dtrain/runtime/wire.hpp"
 #include "dtrain/tensor/device.hpp"
 #include "dtrain/tensor/dtype.hpp"
+#include "dtrain/tensor/shape.hpp"
 
 namespace dtrain::detail {
 
@@ -57,17 +58,9 @@ struct Request {
   std::int32_t group_size = 0;
   std::string rejected;          // non-empty: the rank refused its own call, and why (Note [Failed ops])
 
-  std::int64_t numel() const noexcept {
-    std::int64_t n = 1;
-    for (auto d : shape) n *= d;
-    return n;
-  }
+  std::int64_t numel() const { return detail::numel(shape); }
   std::int64_t dim0() const noexcept { return shape.empty() ? 1 : shape[0]; }
-  std::int64_t row_numel() const noexcept {
-    std::int64_t n = 1;
-    for (std::size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-    return n;
-  }
+  std::int64_t row_numel() const { return detail::row_numel(shape); }
 
   void write(WireWriter& w) const {
     w.put(name); w.put(kind); w.put(dtype); w.put(device); w.put(reduce_op);

@@ -24,10 +24,10 @@
 #include "dtrain/tensor/device.hpp"
 #include "dtrain/tensor/dtype.hpp"
 #include "dtrain/tensor/half.hpp"
+#include "dtrain/tensor/shape.hpp"
 
 namespace dtrain {
 
-using Shape = std::vector<std::int64_t>;
 
 template <class T, class Enable = void>
 struct tensor_traits {};
@@ -132,11 +132,7 @@ struct tensor_traits<std::vector<A, Alloc>> {
   static Device device(const T&) noexcept { return Device::cpu(); }
   static output_type make_output(const T&, const Shape& s) { return output_type(numel_of(s)); }
   static void* output_data(output_type& o) noexcept { return o.data(); }
-  static std::int64_t numel_of(const Shape& s) noexcept {
-    std::int64_t n = 1;
-    for (auto d : s) n *= d;
-    return n;
-  }
+  static std::int64_t numel_of(const Shape& s) { return detail::numel(s); }
 };
 
 // std::span<A>: a view; mutable unless A is const. Outputs are std::vectors.

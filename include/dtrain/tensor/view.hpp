@@ -61,8 +61,7 @@ class OwnedTensor {
   OwnedTensor() = default;
   OwnedTensor(DataType dtype, Shape shape, Device device = Device::cpu())
       : dtype_(dtype), device_(device), shape_(std::move(shape)) {
-    numel_ = 1;
-    for (auto d : shape_) numel_ *= d;
+    numel_ = detail::numel(shape_);
     std::size_t bytes = static_cast<std::size_t>(numel_) * element_size(dtype_);
     if (device_.is_cpu()) {
       data_ = detail::host_allocate(bytes, -1);
