@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/cuda/error.hpp"
 #include "dtrain/runtime/runtime.hpp"
@@ -118,8 +119,7 @@ class DeviceBuffer {
   // device work still uses the old memory (the device backends complete every op before the next).
   void* reserve(std::size_t bytes) {
     if (bytes <= capacity_ && data_) return data_;
-    std::size_t cap = std::max<std::size_t>(bytes, capacity_ + capacity_ / 2);
-    cap = (cap + (std::size_t{2} << 20) - 1) / (std::size_t{2} << 20) * (std::size_t{2} << 20);
+    const std::size_t cap = grown_capacity(bytes, capacity_, std::size_t{2} << 20);
     void* p = nullptr;
     cuda_check(cudaMalloc(&p, cap), fmt::format("cudaMalloc of a {} byte device buffer", cap));
     if (data_) cudaFree(data_);
@@ -149,8 +149,7 @@ class PinnedBuffer {
   }
   void* reserve(std::size_t bytes) {
     if (bytes <= capacity_ && data_) return data_;
-    std::size_t cap = std::max<std::size_t>(bytes, capacity_ + capacity_ / 2);
-    cap = (cap + 4095) / 4096 * 4096;
+    const std::size_t cap = grown_capacity(bytes, capacity_, 4096);
     void* p = nullptr;
     cuda_check(cudaHostAlloc(&p, cap, cudaHostAllocPortable),
                fmt::format("cudaHostAlloc of a {} byte pinned staging buffer", cap));
