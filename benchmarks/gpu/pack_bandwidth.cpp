@@ -67,8 +67,8 @@ int main(int argc, char** argv) {
     check(cudaMalloc(&contiguous, bytes), "cudaMalloc");
     check(cudaMemset(contiguous, 1, bytes), "cudaMemset");
     const dtrain::detail::FusedLayout layout = dtrain::detail::plan_fused_layout(w.counts);
-    const auto pack = dtrain::detail::fused_segments(layout, w.counts, tensors, fusion, sizeof(float), true);
-    const auto unpack = dtrain::detail::fused_segments(layout, w.counts, tensors, fusion, sizeof(float), false);
+    const auto pack = dtrain::detail::fused_segments(layout, w.counts, tensors, fusion, sizeof(float), dtrain::detail::CopyDirection::pack);
+    const auto unpack = dtrain::detail::fused_segments(layout, w.counts, tensors, fusion, sizeof(float), dtrain::detail::CopyDirection::unpack);
 
     Samples samples;
     for (int r = 0; r < rounds + 2; ++r) {

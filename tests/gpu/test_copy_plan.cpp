@@ -140,13 +140,13 @@ TEST_CASE("fused layout: tensors back to back, padded to a multiple for an even 
 
   std::vector<float> a(5), c(3), d(9), buffer(20);
   std::vector<void*> tensors = {a.data(), nullptr, c.data(), d.data()};
-  const auto pack = fused_segments(plain, counts, tensors, buffer.data(), sizeof(float), true);
+  const auto pack = fused_segments(plain, counts, tensors, buffer.data(), sizeof(float), CopyDirection::pack);
   REQUIRE(pack.size() == 4);  // a joined rank's tensor is packed as zeros (null source)
   CHECK(pack[1].src == nullptr);
   CHECK(pack[2].src == c.data());
   CHECK(pack[2].dst == buffer.data() + 5);
   CHECK(pack[3].dst == buffer.data() + 8);
-  const auto unpack = fused_segments(plain, counts, tensors, buffer.data(), sizeof(float), false);
+  const auto unpack = fused_segments(plain, counts, tensors, buffer.data(), sizeof(float), CopyDirection::unpack);
   REQUIRE(unpack.size() == 3);  // nothing to copy back for the missing tensor
   CHECK(unpack[2].src == buffer.data() + 8);
   CHECK(unpack[2].dst == d.data());

@@ -48,14 +48,16 @@ namespace cuda {
 inline void compress(std::span<const ConvertItem> items, DataType to, cudaStream_t stream = nullptr,
                      double scale = 1.0) {
   dtrain::detail::batched_convert(dtrain::detail::current_device_kernels(),
-                                  dtrain::detail::to_segments(items), to, true, scale, stream);
+                                  dtrain::detail::to_segments(items), to,
+                                  dtrain::detail::Conversion::narrow, scale, stream);
 }
 
 // `from` (float16 or bfloat16) sources -> float32 destinations, each value multiplied by `scale`.
 inline void decompress(std::span<const ConvertItem> items, DataType from,
                        cudaStream_t stream = nullptr, double scale = 1.0) {
   dtrain::detail::batched_convert(dtrain::detail::current_device_kernels(),
-                                  dtrain::detail::to_segments(items), from, false, scale, stream);
+                                  dtrain::detail::to_segments(items), from,
+                                  dtrain::detail::Conversion::widen, scale, stream);
 }
 
 inline void compress(const float* src, void* dst, std::int64_t n, DataType to,

@@ -17,6 +17,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/copy_direction.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
@@ -118,13 +119,14 @@ inline FusedLayout plan_fused_layout(std::span<const std::int64_t> counts,
 inline std::vector<CopySegment> fused_segments(const FusedLayout& layout,
                                                std::span<const std::int64_t> counts,
                                                std::span<void* const> tensors, void* buffer,
-                                               std::size_t element_bytes, bool pack) {
+                                               std::size_t element_bytes,
+                                               CopyDirection direction) {
   std::vector<CopySegment> out;
   out.reserve(counts.size());
   char* base = static_cast<char*>(buffer);
   for (std::size_t i = 0; i < counts.size(); ++i) {
     char* slot = base + layout.offsets[i] * static_cast<std::int64_t>(element_bytes);
-    if (pack) {
+    if (direction == CopyDirection::pack) {
       out.push_back({tensors[i], slot, counts[i]});
     } else if (tensors[i]) {
       out.push_back({slot, tensors[i], counts[i]});

@@ -129,9 +129,16 @@ inline void batched_copy(const DeviceKernels& k, std::span<const CopySegment> se
                       "launching dtrain's scaled copy kernel");
 }
 
+enum class Conversion : std::uint8_t {
+  narrow,  // float32 -> float16/bfloat16
+  widen,   // float16/bfloat16 -> float32
+};
+
 // float32 <-> float16/bfloat16 conversions of every segment, scaled by `scale` in float32.
 inline void batched_convert(const DeviceKernels& k, std::span<const CopySegment> segments,
-                            DataType half_type, bool narrow, double scale, cudaStream_t stream) {
+                            DataType half_type, Conversion conversion, double scale,
+                            cudaStream_t stream) {
+  const bool narrow = conversion == Conversion::narrow;
   if (half_type != DataType::float16 && half_type != DataType::bfloat16)
     throw InvalidArgumentError(fmt::format(
         "dtrain: gradient compression converts float32 to float16 or bfloat16, not {}",

@@ -196,7 +196,7 @@ class NcclBackend final : public DeviceTransport {
       if (entries[i]) tensors[i] = entries[i]->data;
     const FusedLayout layout = plan_fused_layout(r.numels, even ? ctx_.hierarchy.local_size : 1);
     void* buf = lane.fusion.reserve(static_cast<std::size_t>(layout.total) * es);
-    auto pack = fused_segments(layout, r.numels, tensors, buf, es, true);
+    auto pack = fused_segments(layout, r.numels, tensors, buf, es, CopyDirection::pack);
     if (layout.total > n) pack.push_back({nullptr, static_cast<char*>(buf) + n * es, layout.total - n});
     copy(lane, pack, dtype, r.prescale);
     if (hier) {
@@ -209,7 +209,7 @@ class NcclBackend final : public DeviceTransport {
                                      lane.world.get(), lane.stream),
                        "ncclAllReduce", deadline);
     }
-    copy(lane, fused_segments(layout, r.numels, tensors, buf, es, false), dtype, post);
+    copy(lane, fused_segments(layout, r.numels, tensors, buf, es, CopyDirection::unpack), dtype, post);
     if (entries.size() > 1) ctx_.stats->fused_collectives.fetch_add(1, std::memory_order_relaxed);
   }
 

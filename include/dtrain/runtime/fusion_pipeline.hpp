@@ -53,6 +53,7 @@
 #include <thread>
 #include <vector>
 
+#include "dtrain/comm/copy_direction.hpp"
 #include "dtrain/comm/local_reduce.hpp"
 
 namespace dtrain::detail {
@@ -190,7 +191,8 @@ struct FusedJob {
 
   // Before piece k is reduced (pack) or after (unpack): copies and scales packed segments, scales
   // direct ones in place, fills a joined rank's contribution with the op's identity.
-  void copy_piece(std::int64_t k, bool pack) const {
+  void copy_piece(std::int64_t k, CopyDirection direction) const {
+    const bool pack = direction == CopyDirection::pack;
     const FusedPiece& p = plan[k];
     const std::int64_t es = static_cast<std::int64_t>(element_size(dtype));
     if (p.segment >= 0) {
@@ -246,9 +248,9 @@ class FusionPipeline {
   void run(const FusedJob& job, const std::function<void(std::int64_t)>& reduce, bool overlap) {
     const std::int64_t n = job.pieces();
     if (!overlap || n <= 1) {
-      for (std::int64_t k = 0; k < n; ++k) job.copy_piece(k, true);
+      for (std::int64_t k = 0; k < n; ++k) job.copy_piece(k, CopyDirection::pack);
       for (std::int64_t k = 0; k < n; ++k) reduce(k);
-      for (std::int64_t k = 0; k < n; ++k) job.copy_piece(k, false);
+      for (std::int64_t k = 0; k < n; ++k) job.copy_piece(k, CopyDirection::unpack);
       return;
     }
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
@@ -288,13 +290,13 @@ class FusionPipeline {
         const std::int64_t reduced = reduced_.load(std::memory_order_acquire);
         // Keep the reducer fed one piece ahead; otherwise drain finished pieces.
         if (next_pack < n && next_pack <= reduced + 1) {
-          job.copy_piece(next_pack, true);
+          job.copy_piece(next_pack, CopyDirection::pack);
           packed_.store(++next_pack, std::memory_order_release);
           packed_.notify_one();
         } else if (next_unpack < reduced) {
-          job.copy_piece(next_unpack++, false);
+          job.copy_piece(next_unpack++, CopyDirection::unpack);
         } else if (next_pack < n) {
-          job.copy_piece(next_pack, true);
+          job.copy_piece(next_pack, CopyDirection::pack);
           packed_.store(++next_pack, std::memory_order_release);
           packed_.notify_one();
         } else {
