@@ -312,22 +312,11 @@ class NcclBackend final : public DeviceTransport {
   // ---- alltoall / reducescatter ------------------------------------------------------------------
 
   void alltoall(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {
-    const std::int64_t row = row_numel(e->request.shape);
-    std::vector<std::int64_t> recv_rows(size_);
-    mpi_check(MPI_Alltoall(e->splits.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
-                           ctx_.data_comm),
-              "MPI_Alltoall (alltoall splits)");
-    std::vector<std::int64_t> send_counts(size_), recv_counts(size_);
-    std::int64_t total_rows = 0;
-    for (int k = 0; k < size_; ++k) {
-      send_counts[k] = e->splits[k] * row;
-      recv_counts[k] = recv_rows[k] * row;
-      total_rows += recv_rows[k];
-    }
-    Shape out_shape = e->request.shape;
-    if (out_shape.empty()) out_shape.push_back(0);
-    out_shape[0] = total_rows;
-    void* out = e->make_output(out_shape);
+    AlltoallCounts c =
+        exchange_alltoall_counts(*e, size_, ctx_.data_comm, "MPI_Alltoall (alltoall splits)");
+    const auto& send_counts = c.send_counts;
+    const auto& recv_counts = c.recv_counts;
+    void* out = e->make_output(c.out_shape);
     const auto sd = exclusive_prefix(send_counts), rd = exclusive_prefix(recv_counts);
     const std::size_t es = element_size(r.dtype);
     const ncclDataType_t type = nccl_datatype(r.dtype);
@@ -341,7 +330,7 @@ class NcclBackend final : public DeviceTransport {
                  static_cast<std::size_t>(recv_counts[k]), type, k, lane.world.get(), lane.stream);
     }
     lane.world.check(ncclGroupEnd(), "ncclSend/ncclRecv (alltoall)", deadline);
-    e->set_received_splits(std::move(recv_rows));
+    e->set_received_splits(std::move(c.recv_rows));
   }
 
   void reducescatter(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {

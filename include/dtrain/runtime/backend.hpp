@@ -10,8 +10,11 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
+#include <vector>
 
 #include "dtrain/comm/hierarchical.hpp"
+#include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/timeline.hpp"
@@ -60,6 +63,38 @@ using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const BackendContext&)
 inline DeviceBackendFactory& device_backend_factory() noexcept {
   static DeviceBackendFactory f = nullptr;
   return f;
+}
+
+// What an alltoall moves, once the ranks have told each other how many rows each sends each.
+struct AlltoallCounts {
+  std::vector<std::int64_t> recv_rows;    // rows received from each rank
+  std::vector<std::int64_t> send_counts;  // elements sent to each rank
+  std::vector<std::int64_t> recv_counts;  // elements received from each rank
+  Shape out_shape;                        // the input's shape with dim 0 the rows received
+};
+
+// Every backend's alltoall starts with the same exchange: the splits (rows this rank sends to
+// each rank) go out, the rows each rank sends here come back, over `comm` of `size` ranks.
+// Joined ranks are rejected during negotiation, so every rank has its entry.
+inline AlltoallCounts exchange_alltoall_counts(const Entry& e, int size, MPI_Comm comm,
+                                               std::string_view call) {
+  AlltoallCounts c;
+  const std::int64_t row = e.request.row_numel();
+  c.recv_rows.resize(size);
+  mpi_check(MPI_Alltoall(e.splits.data(), 1, MPI_INT64_T, c.recv_rows.data(), 1, MPI_INT64_T, comm),
+            call);
+  c.send_counts.resize(size);
+  c.recv_counts.resize(size);
+  std::int64_t total_rows = 0;
+  for (int k = 0; k < size; ++k) {
+    c.send_counts[k] = e.splits[k] * row;
+    c.recv_counts[k] = c.recv_rows[k] * row;
+    total_rows += c.recv_rows[k];
+  }
+  c.out_shape = e.request.shape;
+  if (c.out_shape.empty()) c.out_shape.push_back(0);
+  c.out_shape[0] = total_rows;
+  return c;
 }
 
 }  // namespace dtrain::detail

@@ -214,27 +214,12 @@ class HostBackend final : public Backend {
   }
 
   void alltoall(const Response& r, Entry* e) {
-    // Joined ranks are rejected during negotiation, so every rank has its entry here.
-    const std::int64_t row = e->request.row_numel();
-    std::vector<std::int64_t> recv_rows(size_);
-    mpi_check(MPI_Alltoall(e->splits.data(), 1, MPI_INT64_T, recv_rows.data(), 1, MPI_INT64_T,
-                           opt_.comm),
-              "MPI_Alltoall");
-    std::vector<std::int64_t> send_counts(size_), recv_counts(size_);
-    std::int64_t total_rows = 0;
-    for (int k = 0; k < size_; ++k) {
-      send_counts[k] = e->splits[k] * row;
-      recv_counts[k] = recv_rows[k] * row;
-      total_rows += recv_rows[k];
-    }
-    Shape out_shape = e->request.shape;
-    if (out_shape.empty()) out_shape.push_back(0);
-    out_shape[0] = total_rows;
-    void* out = e->make_output(out_shape);
+    AlltoallCounts c = exchange_alltoall_counts(*e, size_, opt_.comm, "MPI_Alltoall");
+    void* out = e->make_output(c.out_shape);
     auto t0 = Clock::now();
-    host_alltoallv(e->input, send_counts, out, recv_counts, r.dtype, opt_.comm, chunk(r.dtype));
+    host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype));
     if (auto* tl = timeline()) tl->span(r.names[0], "MPI_ALLTOALL", t0, Clock::now());
-    e->set_received_splits(std::move(recv_rows));
+    e->set_received_splits(std::move(c.recv_rows));
   }
 
   void reducescatter(const Response& r, Entry* e) {
