@@ -101,6 +101,12 @@ TEST_CASE("tensors that describe themselves inconsistently") {
   dtrain::TensorView negative_dim(storage, 0, dtrain::DataType::float32, dtrain::Device::cpu(), {-2, 0});
   check_throws<dtrain::InvalidArgumentError>([&] { (void)dtrain::allgather(negative_dim); },
                                              {"negative dimension"}, "negative dimension");
+  // 2^32 * 2^32 wraps to 0 in 64 bits: without the overflow check it would pass for empty.
+  dtrain::TensorView overflowing(storage, 0, dtrain::DataType::float32, dtrain::Device::cpu(),
+                                 {std::int64_t{1} << 32, std::int64_t{1} << 32});
+  check_throws<dtrain::InvalidArgumentError>(
+      [&] { dtrain::allreduce(overflowing, {.name = "overflowing"}); },
+      {"allreduce 'overflowing'", "[4294967296, 4294967296]", "64-bit"}, "element count overflow");
   dtrain::TensorView negative_count(storage, -1, dtrain::DataType::float32);
   check_throws<dtrain::InvalidArgumentError>([&] { dtrain::allreduce(negative_count); },
                                              {"negative element count"}, "negative element count");
