@@ -12,8 +12,8 @@
 // (rank, rank+R, ...), so they are disjoint apart from the padding and, without drop_last,
 // together cover the dataset.
 //
-// Every rank must construct the sampler with the same dataset_size, shuffle, seed and drop_last
-// and call set_epoch() with the same epoch; the order is then identical everywhere
+// Every rank must construct the sampler with the same dataset_size and options (shuffle, seed,
+// drop_last) and call set_epoch() with the same epoch; the order is then identical everywhere
 // (Note [Portable shuffling] in permutation.hpp).
 //
 // state() and load_state() carry the position within an epoch across a restart, also to another
@@ -25,49 +25,28 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/data/partition.hpp"
 #include "dtrain/data/permutation.hpp"
+#include "dtrain/data/sampler_options.hpp"
 #include "dtrain/data/sampler_state.hpp"
 
 namespace dtrain {
 
 class DistributedSampler {
  public:
+  // This rank takes part `partition.part` of `partition.parts`:
+  //   DistributedSampler sampler(n, {.parts = dtrain::size(), .part = dtrain::rank()},
+  //                              {.shuffle = true, .seed = 7});
+  DistributedSampler(std::int64_t dataset_size, Partition partition, SamplerOptions options = {})
+      : DistributedSampler(dataset_size, partition, options, detail::PartitionNames{}) {}
+
+  // The same sampler as DistributedSampler(dataset_size, {num_replicas, rank},
+  // {shuffle, seed, drop_last}), in PyTorch's argument order.
   DistributedSampler(std::int64_t dataset_size, std::int64_t num_replicas, std::int64_t rank,
                      bool shuffle = true, std::uint64_t seed = 0, bool drop_last = false)
-      : dataset_size_(dataset_size),
-        num_replicas_(num_replicas),
-        rank_(rank),
-        shuffle_(shuffle),
-        seed_(seed),
-        drop_last_(drop_last) {
-    if (dataset_size < 0) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler: dataset_size must be >= 0, got {}", dataset_size));
-    }
-    if (num_replicas <= 0) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler: num_replicas must be >= 1, got {} (pass the world size, "
-          "e.g. dtrain::size())",
-          num_replicas));
-    }
-    if (rank < 0 || rank >= num_replicas) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler: rank must be in [0, num_replicas) = [0, {}), got {}",
-          num_replicas, rank));
-    }
-    if (drop_last) {
-      num_samples_ = dataset_size / num_replicas;
-    } else {
-      // ceil(N/R) * R must fit in int64 so the padded list can be indexed.
-      num_samples_ = dataset_size / num_replicas + (dataset_size % num_replicas != 0 ? 1 : 0);
-      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / num_replicas) {
-        throw InvalidArgumentError(fmt::format(
-            "DistributedSampler: dataset_size {} padded to a multiple of num_replicas {} "
-            "overflows int64",
-            dataset_size, num_replicas));
-      }
-    }
-  }
+      : DistributedSampler(dataset_size, Partition{num_replicas, rank},
+                           SamplerOptions{shuffle, seed, drop_last},
+                           detail::PartitionNames{"num_replicas", "rank"}) {}
 
   // Selects the epoch's order. Call it at the start of every epoch with the same value on every
   // rank; without it every epoch repeats epoch 0's order. An epoch other than the current one
@@ -75,7 +54,7 @@ class DistributedSampler {
   void set_epoch(std::int64_t epoch) {
     if (epoch < 0) {
       throw InvalidArgumentError(
-          fmt::format("DistributedSampler::set_epoch: epoch must be >= 0, got {}", epoch));
+          fmt::format("dtrain: DistributedSampler::set_epoch: epoch must be >= 0, got {}", epoch));
     }
     if (epoch != epoch_) start_ = 0;
     epoch_ = epoch;
@@ -86,7 +65,7 @@ class DistributedSampler {
   SamplerState state(std::int64_t taken) const {
     if (taken < 0 || taken > remaining()) {
       throw InvalidArgumentError(fmt::format(
-          "DistributedSampler::state: taken must be in [0, {}] (the samples indices() hands out "
+          "dtrain: DistributedSampler::state: taken must be in [0, {}] (the samples indices() hands out "
           "in this epoch), got {}",
           remaining(), taken));
     }
@@ -141,8 +120,10 @@ class DistributedSampler {
   std::int64_t size() const noexcept { return num_samples_; }
 
   std::int64_t dataset_size() const noexcept { return dataset_size_; }
-  std::int64_t num_replicas() const noexcept { return num_replicas_; }
-  std::int64_t rank() const noexcept { return rank_; }
+  std::int64_t parts() const noexcept { return num_replicas_; }
+  std::int64_t part() const noexcept { return rank_; }
+  std::int64_t num_replicas() const noexcept { return num_replicas_; }  // = parts()
+  std::int64_t rank() const noexcept { return rank_; }                  // = part()
   bool shuffle() const noexcept { return shuffle_; }
   std::uint64_t seed() const noexcept { return seed_; }
   bool drop_last() const noexcept { return drop_last_; }
@@ -173,16 +154,44 @@ class DistributedSampler {
   std::int64_t num_batches(std::int64_t batch_size, bool drop_last_batch) const {
     if (batch_size <= 0) {
       throw InvalidArgumentError(fmt::format(
-          "DistributedSampler::num_batches: batch_size must be >= 1, got {}", batch_size));
+          "dtrain: DistributedSampler::num_batches: batch_size must be >= 1, got {}", batch_size));
     }
     if (drop_last_batch) return num_samples_ / batch_size;
     return num_samples_ / batch_size + (num_samples_ % batch_size != 0 ? 1 : 0);
   }
 
  private:
+  // Errors name the numbers as the caller passed them (`names`).
+  DistributedSampler(std::int64_t dataset_size, Partition partition, SamplerOptions options,
+                     detail::PartitionNames names)
+      : dataset_size_(dataset_size),
+        num_replicas_(partition.parts),
+        rank_(partition.part),
+        shuffle_(options.shuffle),
+        seed_(options.seed),
+        drop_last_(options.drop_last) {
+    if (dataset_size < 0) {
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedSampler: dataset_size must be >= 0, got {}", dataset_size));
+    }
+    detail::check_partition("DistributedSampler", partition, names);
+    if (drop_last_) {
+      num_samples_ = dataset_size / num_replicas_;
+    } else {
+      // ceil(N/R) * R must fit in int64 so the padded list can be indexed.
+      num_samples_ = dataset_size / num_replicas_ + (dataset_size % num_replicas_ != 0 ? 1 : 0);
+      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / num_replicas_) {
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedSampler: dataset_size {} padded to a multiple of {} {} "
+            "overflows int64",
+            dataset_size, names.parts, num_replicas_));
+      }
+    }
+  }
+
   std::int64_t dataset_size_;
-  std::int64_t num_replicas_;
-  std::int64_t rank_;
+  std::int64_t num_replicas_;  // partition.parts
+  std::int64_t rank_;          // partition.part
   bool shuffle_;
   std::uint64_t seed_;
   bool drop_last_;
