@@ -12,8 +12,11 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
+#include "support/error_message.hpp"
 
 namespace {
+
+using dtrain::test::message_of;
 
 using Indices = std::vector<std::int64_t>;
 
@@ -229,33 +232,25 @@ TEST_CASE("set_epoch and epoch") {
 }
 
 TEST_CASE("invalid arguments name the argument and the value") {
-  auto message = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const dtrain::InvalidArgumentError& e) {
-      return e.what();
-    }
-    return "no exception";
-  };
-  auto m = message([] { dtrain::DistributedSampler(-1, 2, 0); });
+  auto m = message_of([] { dtrain::DistributedSampler(-1, 2, 0); });
   CHECK(m.find("dataset_size") != std::string::npos);
   CHECK(m.find("-1") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 0, 0); });
+  m = message_of([] { dtrain::DistributedSampler(10, 0, 0); });
   CHECK(m.find("num_replicas") != std::string::npos);
   CHECK(m.find("got 0") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, -2, 0); });
+  m = message_of([] { dtrain::DistributedSampler(10, -2, 0); });
   CHECK(m.find("num_replicas") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, 3); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 3); });
   CHECK(m.find("rank") != std::string::npos);
   CHECK(m.find("got 3") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, -1); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, -1); });
   CHECK(m.find("rank") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, 0).num_batches(0, false); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 0).num_batches(0, false); });
   CHECK(m.find("batch_size") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, 0).set_epoch(-2); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 0).set_epoch(-2); });
   CHECK(m.find("epoch") != std::string::npos);
   CHECK(m.find("-2") != std::string::npos);
-  m = message([] {
+  m = message_of([] {
     dtrain::DistributedSampler(std::numeric_limits<std::int64_t>::max(), 2, 0);
   });
   CHECK(m.find("overflows") != std::string::npos);
@@ -320,34 +315,26 @@ TEST_CASE("both forms report the partition under both names") {
 }
 
 TEST_CASE("options-form errors name the field") {
-  auto message = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const dtrain::InvalidArgumentError& e) {
-      return e.what();
-    }
-    return "no exception";
-  };
   // A Partition without .parts is refused rather than read as one part.
-  auto m = message([] { dtrain::DistributedSampler(10, {.part = 1}); });
+  auto m = message_of([] { dtrain::DistributedSampler(10, {.part = 1}); });
   CHECK(m.find("partition.parts must be >= 1") != std::string::npos);
   CHECK(m.find("got 0") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, {.parts = -3, .part = 0}); });
+  m = message_of([] { dtrain::DistributedSampler(10, {.parts = -3, .part = 0}); });
   CHECK(m.find("partition.parts") != std::string::npos);
   CHECK(m.find("got -3") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, {.parts = 3, .part = 3}); });
+  m = message_of([] { dtrain::DistributedSampler(10, {.parts = 3, .part = 3}); });
   CHECK(m.find("partition.part must be in [0, partition.parts) = [0, 3), got 3") !=
         std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, {.parts = 3, .part = -1}); });
+  m = message_of([] { dtrain::DistributedSampler(10, {.parts = 3, .part = -1}); });
   CHECK(m.find("partition.part ") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(-4, {.parts = 3, .part = 0}); });
+  m = message_of([] { dtrain::DistributedSampler(-4, {.parts = 3, .part = 0}); });
   CHECK(m.find("dataset_size must be >= 0, got -4") != std::string::npos);
-  m = message([] {
+  m = message_of([] {
     dtrain::DistributedSampler(std::numeric_limits<std::int64_t>::max(), {.parts = 2, .part = 0});
   });
   CHECK(m.find("partition.parts 2 overflows") != std::string::npos);
   // The positional form keeps its own parameter names.
-  m = message([] { dtrain::DistributedSampler(10, 3, 3); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 3); });
   CHECK(m.find("rank must be in [0, num_replicas)") != std::string::npos);
   CHECK(m.rfind("dtrain: DistributedSampler:", 0) == 0);
 }

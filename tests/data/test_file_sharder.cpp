@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "support/error_message.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -22,14 +24,7 @@ Files numbered(int n) {
   return files;
 }
 
-std::string message_of(const auto& call) {
-  try {
-    call();
-  } catch (const dtrain::InvalidArgumentError& e) {
-    return e.what();
-  }
-  return "no exception";
-}
+using dtrain::test::message_of;
 
 // A fresh directory under the system temp dir, removed at scope exit.
 class TempDir {

@@ -12,8 +12,11 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
+#include "support/error_message.hpp"
 
 namespace {
+
+using dtrain::test::message_of;
 
 using Indices = std::vector<std::int64_t>;
 using Batches = std::vector<Indices>;
@@ -147,7 +150,8 @@ TEST_CASE("step counts in uneven cases") {
   CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, {.parts = 4, .part = 3}).num_batches() == 1);
   CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, {.parts = 4, .part = 3}, {.drop_last = true})
             .num_batches() == 0);
-  const dtrain::SplitSortedBucketSampler none(sizes, 3, {.parts = 4, .part = 3}, {.drop_last = true});
+  const dtrain::SplitSortedBucketSampler none(sizes, 3, {.parts = 4, .part = 3},
+                                              {.drop_last = true});
   CHECK(none.batches().empty());
   CHECK(dtrain::SplitSortedBucketSampler({}, 3, {.parts = 2, .part = 1}).num_batches() == 0);
   // Fewer batches than parts: wrapping gives every part one.
@@ -305,34 +309,26 @@ TEST_CASE("the balance bound holds for skewed costs") {
 }
 
 TEST_CASE("invalid arguments name the argument and the value") {
-  auto message = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const dtrain::InvalidArgumentError& e) {
-      return e.what();
-    }
-    return "no exception";
-  };
   const std::vector<double> sizes = {1, 2, 3};
-  auto m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 0, {.parts = 2, .part = 0}); });
+  auto m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 0, {.parts = 2, .part = 0}); });
   CHECK(m.find("batch_size") != std::string::npos);
   CHECK(m.find("got 0") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 0, .part = 0}); });
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 0, .part = 0}); });
   CHECK(m.find("partition.parts") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = 2}); });
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = 2}); });
   CHECK(m.find("partition.part ") != std::string::npos);
   CHECK(m.find("got 2") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = -1}); });
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = -1}); });
   CHECK(m.find("partition.part ") != std::string::npos);
-  m = message([] { dtrain::SplitSortedBucketSampler({1, -4, 2}, 2, {.parts = 2, .part = 0}); });
+  m = message_of([] { dtrain::SplitSortedBucketSampler({1, -4, 2}, 2, {.parts = 2, .part = 0}); });
   CHECK(m.find("sizes[1]") != std::string::npos);
   CHECK(m.find("-4") != std::string::npos);
-  m = message([] {
+  m = message_of([] {
     dtrain::SplitSortedBucketSampler({1, std::numeric_limits<double>::quiet_NaN()}, 2,
                                      {.parts = 2, .part = 0});
   });
   CHECK(m.find("sizes[1]") != std::string::npos);
-  m = message(
+  m = message_of(
       [&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = 0}).set_epoch(-1); });
   CHECK(m.find("epoch") != std::string::npos);
   CHECK(m.find("-1") != std::string::npos);
