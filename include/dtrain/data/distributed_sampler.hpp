@@ -65,8 +65,8 @@ class DistributedSampler {
   SamplerState state(std::int64_t taken) const {
     if (taken < 0 || taken > remaining()) {
       throw InvalidArgumentError(fmt::format(
-          "dtrain: DistributedSampler::state: taken must be in [0, {}] (the samples indices() hands out "
-          "in this epoch), got {}",
+          "dtrain: DistributedSampler::state: taken must be in [0, {}] (the samples indices() "
+          "hands out in this epoch), got {}",
           remaining(), taken));
     }
     SamplerState s;
@@ -75,13 +75,13 @@ class DistributedSampler {
     s.shuffle = shuffle_;
     s.drop_last = drop_last_;
     s.epoch = epoch_;
-    s.position = start_ + taken * num_replicas_;
-    s.num_replicas = num_replicas_;
+    s.position = start_ + taken * parts_;
+    s.num_replicas = parts_;
     return s;
   }
 
   // Continues from a saved position: selects its epoch, and indices() then hands out the rest of
-  // that epoch's order, re-sharded over this sampler's num_replicas if it differs from the saved
+  // that epoch's order, re-sharded over this sampler's parts if their number differs from the saved
   // one (Note [Sampler position]). The dataset size, shuffle, seed and drop_last must match the
   // saved ones, or the order would not be the same.
   void load_state(const SamplerState& s) {
@@ -111,7 +111,7 @@ class DistributedSampler {
     if (start_ == 0) return num_samples_;
     if (start_ >= dataset_size_) return 0;
     const std::int64_t rest = dataset_size_ - start_;
-    return drop_last_ ? rest / num_replicas_ : rest / num_replicas_ + (rest % num_replicas_ != 0);
+    return drop_last_ ? rest / parts_ : rest / parts_ + (rest % parts_ != 0);
   }
 
   std::int64_t epoch() const noexcept { return epoch_; }
@@ -120,10 +120,10 @@ class DistributedSampler {
   std::int64_t size() const noexcept { return num_samples_; }
 
   std::int64_t dataset_size() const noexcept { return dataset_size_; }
-  std::int64_t parts() const noexcept { return num_replicas_; }
-  std::int64_t part() const noexcept { return rank_; }
-  std::int64_t num_replicas() const noexcept { return num_replicas_; }  // = parts()
-  std::int64_t rank() const noexcept { return rank_; }                  // = part()
+  std::int64_t parts() const noexcept { return parts_; }
+  std::int64_t part() const noexcept { return part_; }
+  std::int64_t num_replicas() const noexcept { return parts_; }  // = parts()
+  std::int64_t rank() const noexcept { return part_; }                  // = part()
   bool shuffle() const noexcept { return shuffle_; }
   std::uint64_t seed() const noexcept { return seed_; }
   bool drop_last() const noexcept { return drop_last_; }
@@ -144,7 +144,7 @@ class DistributedSampler {
     std::vector<std::int64_t> mine;
     mine.reserve(static_cast<std::size_t>(count));
     for (std::int64_t k = 0; k < count; ++k) {
-      const std::int64_t position = start_ + rank_ + k * num_replicas_;
+      const std::int64_t position = start_ + part_ + k * parts_;
       mine.push_back(order[static_cast<std::size_t>(position % dataset_size_)]);
     }
     return mine;
@@ -153,8 +153,9 @@ class DistributedSampler {
   // Batches per rank per epoch for a given per-rank batch size; the same on every rank.
   std::int64_t num_batches(std::int64_t batch_size, bool drop_last_batch) const {
     if (batch_size <= 0) {
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: DistributedSampler::num_batches: batch_size must be >= 1, got {}", batch_size));
+      throw InvalidArgumentError(
+          fmt::format("dtrain: DistributedSampler::num_batches: batch_size must be >= 1, got {}",
+                      batch_size));
     }
     if (drop_last_batch) return num_samples_ / batch_size;
     return num_samples_ / batch_size + (num_samples_ % batch_size != 0 ? 1 : 0);
@@ -165,8 +166,8 @@ class DistributedSampler {
   DistributedSampler(std::int64_t dataset_size, Partition partition, SamplerOptions options,
                      detail::PartitionNames names)
       : dataset_size_(dataset_size),
-        num_replicas_(partition.parts),
-        rank_(partition.part),
+        parts_(partition.parts),
+        part_(partition.part),
         shuffle_(options.shuffle),
         seed_(options.seed),
         drop_last_(options.drop_last) {
@@ -176,22 +177,22 @@ class DistributedSampler {
     }
     detail::check_partition("DistributedSampler", partition, names);
     if (drop_last_) {
-      num_samples_ = dataset_size / num_replicas_;
+      num_samples_ = dataset_size / parts_;
     } else {
       // ceil(N/R) * R must fit in int64 so the padded list can be indexed.
-      num_samples_ = dataset_size / num_replicas_ + (dataset_size % num_replicas_ != 0 ? 1 : 0);
-      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / num_replicas_) {
+      num_samples_ = dataset_size / parts_ + (dataset_size % parts_ != 0 ? 1 : 0);
+      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / parts_) {
         throw InvalidArgumentError(fmt::format(
             "dtrain: DistributedSampler: dataset_size {} padded to a multiple of {} {} "
             "overflows int64",
-            dataset_size, names.parts, num_replicas_));
+            dataset_size, names.parts, parts_));
       }
     }
   }
 
   std::int64_t dataset_size_;
-  std::int64_t num_replicas_;  // partition.parts
-  std::int64_t rank_;          // partition.part
+  std::int64_t parts_;
+  std::int64_t part_;
   bool shuffle_;
   std::uint64_t seed_;
   bool drop_last_;

@@ -69,8 +69,8 @@ inline std::vector<std::string> shard_files(const std::vector<std::string>& file
                                             Partition partition, FileShardOptions options = {}) {
   if (files.empty()) {
     throw InvalidArgumentError(
-        "dtrain: shard_files: files is empty; there is nothing to give each of the parts. Check the "
-        "dataset path and file pattern");
+        "dtrain: shard_files: files is empty; there is nothing to give each of the parts. Check "
+        "the dataset path and file pattern");
   }
   detail::check_partition("shard_files", partition);
   if (options.epoch < 0) {
@@ -78,7 +78,7 @@ inline std::vector<std::string> shard_files(const std::vector<std::string>& file
         fmt::format("dtrain: shard_files: options.epoch must be >= 0, got {}", options.epoch));
   }
   DistributedSampler sampler(static_cast<std::int64_t>(files.size()), partition,
-                             {.shuffle = options.shuffle, .seed = options.seed, .drop_last = false});
+                             {.shuffle = options.shuffle, .seed = options.seed});
   sampler.set_epoch(options.epoch);
   std::vector<std::string> mine;
   for (const std::int64_t i : sampler.indices()) {
