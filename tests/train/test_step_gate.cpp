@@ -52,8 +52,8 @@ TEST_CASE("a skip scope skips the synchronize of the next step only") {
 TEST_CASE("a skip scope survives the passes that do not step") {
   dtrain::detail::StepGate gate(2);
   Calls c;
-  auto scope = gate.skip_synchronize();
-  CHECK_FALSE(c.step(gate));
-  CHECK(c.step(gate));
-  CHECK(c.log == "a");
+  const auto scope = gate.skip_synchronize();
+  const bool counted_only = !c.step(gate);
+  const bool stepped = c.step(gate);
+  CHECK((counted_only && stepped && c.log == "a"));
 }
