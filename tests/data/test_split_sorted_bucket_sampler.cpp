@@ -333,3 +333,37 @@ TEST_CASE("invalid arguments name the argument and the value") {
   CHECK(m.find("epoch") != std::string::npos);
   CHECK(m.find("-1") != std::string::npos);
 }
+
+TEST_CASE("the spec's positional form is the same sampler, and its errors use its names") {
+  std::vector<double> sizes;
+  for (int i = 0; i < 41; ++i) sizes.push_back((i * 7) % 11 + 0.5);
+  for (const std::int64_t parts : {1, 3, 4}) {
+    for (const bool shuffle : {false, true}) {
+      for (const bool drop_last : {false, true}) {
+        for (std::int64_t part = 0; part < parts; ++part) {
+          CAPTURE(parts);
+          CAPTURE(part);
+          CAPTURE(shuffle);
+          CAPTURE(drop_last);
+          dtrain::SplitSortedBucketSampler positional(sizes, 4, parts, part, shuffle, 3, drop_last);
+          dtrain::SplitSortedBucketSampler options(
+              sizes, 4, {.parts = parts, .part = part},
+              {.shuffle = shuffle, .seed = 3, .drop_last = drop_last});
+          for (const std::int64_t epoch : {0, 2}) {
+            positional.set_epoch(epoch);
+            options.set_epoch(epoch);
+            CHECK(positional.batches() == options.batches());
+          }
+          CHECK(positional.num_parts() == parts);
+          CHECK(positional.part_index() == part);
+          CHECK(options.num_parts() == options.parts());
+          CHECK(options.part_index() == options.part());
+        }
+      }
+    }
+  }
+  auto m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 0, 0); });
+  CHECK(m.find("num_parts must be >= 1") != std::string::npos);
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 2, 5); });
+  CHECK(m.find("part_index must be in [0, num_parts)") != std::string::npos);
+}

@@ -59,6 +59,20 @@ class SplitSortedBucketSampler {
   //                                    {.seed = 7});
   SplitSortedBucketSampler(std::vector<double> sizes, std::int64_t batch_size, Partition partition,
                            SamplerOptions options = {})
+      : SplitSortedBucketSampler(std::move(sizes), batch_size, partition, options,
+                                 detail::PartitionNames{}) {}
+
+  // The spec's positional form, the same sampler: part `part_index` of `num_parts`.
+  SplitSortedBucketSampler(std::vector<double> sizes, std::int64_t batch_size,
+                           std::int64_t num_parts, std::int64_t part_index, bool shuffle = true,
+                           std::uint64_t seed = 0, bool drop_last = false)
+      : SplitSortedBucketSampler(std::move(sizes), batch_size, Partition{num_parts, part_index},
+                                 SamplerOptions{shuffle, seed, drop_last},
+                                 detail::PartitionNames{"num_parts", "part_index"}) {}
+
+ private:
+  SplitSortedBucketSampler(std::vector<double> sizes, std::int64_t batch_size, Partition partition,
+                           SamplerOptions options, detail::PartitionNames names)
       : sizes_(std::move(sizes)),
         batch_size_(batch_size),
         parts_(partition.parts),
@@ -70,7 +84,7 @@ class SplitSortedBucketSampler {
       throw InvalidArgumentError(fmt::format(
           "dtrain: SplitSortedBucketSampler: batch_size must be >= 1, got {}", batch_size));
     }
-    detail::check_partition("SplitSortedBucketSampler", partition);
+    detail::check_partition("SplitSortedBucketSampler", partition, names);
     for (std::size_t i = 0; i < sizes_.size(); ++i) {
       if (!std::isfinite(sizes_[i]) || sizes_[i] < 0) {
         throw InvalidArgumentError(fmt::format(
@@ -85,6 +99,7 @@ class SplitSortedBucketSampler {
     plan();
   }
 
+ public:
   // Selects the epoch's plan. Call it at the start of every epoch with the same value on every
   // rank; without it every epoch repeats epoch 0's plan.
   void set_epoch(std::int64_t epoch) {
@@ -107,6 +122,8 @@ class SplitSortedBucketSampler {
   std::int64_t batch_size() const noexcept { return batch_size_; }
   std::int64_t parts() const noexcept { return parts_; }
   std::int64_t part() const noexcept { return part_; }
+  std::int64_t num_parts() const noexcept { return parts_; }   // the spec's names for the two
+  std::int64_t part_index() const noexcept { return part_; }
   std::int64_t dataset_size() const noexcept { return static_cast<std::int64_t>(sizes_.size()); }
   const std::vector<double>& sizes() const noexcept { return sizes_; }
 
