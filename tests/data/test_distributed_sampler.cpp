@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
+#include "support/messages.hpp"
 
 namespace {
 
@@ -229,13 +230,8 @@ TEST_CASE("set_epoch and epoch") {
 }
 
 TEST_CASE("invalid arguments name the argument and the value") {
-  auto message = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const dtrain::InvalidArgumentError& e) {
-      return e.what();
-    }
-    return "no exception";
+  auto message = [](auto&& make) {
+    return dtrain::test::message_of<dtrain::InvalidArgumentError>(make);
   };
   auto m = message([] { dtrain::DistributedSampler(-1, 2, 0); });
   CHECK(m.find("dataset_size") != std::string::npos);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
+#include "support/messages.hpp"
 
 namespace {
 
@@ -299,13 +300,8 @@ TEST_CASE("the balance bound holds for skewed costs") {
 }
 
 TEST_CASE("invalid arguments name the argument and the value") {
-  auto message = [](auto&& make) -> std::string {
-    try {
-      make();
-    } catch (const dtrain::InvalidArgumentError& e) {
-      return e.what();
-    }
-    return "no exception";
+  auto message = [](auto&& make) {
+    return dtrain::test::message_of<dtrain::InvalidArgumentError>(make);
   };
   const std::vector<double> sizes = {1, 2, 3};
   auto m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 0, 2, 0); });
