@@ -14,14 +14,16 @@
 
 #include "model.hpp"
 #include "shapes.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
+#include "support/parameter_drift.hpp"
+#include "support/temp_dir.hpp"
 #include "trainer_paths.hpp"  // MASK_RCNN_TRAIN, MASK_RCNN_MPIEXEC, MASK_RCNN_SMOKE_DIR
 
 namespace {
 
 using namespace mask_rcnn;
-using mask_rcnn::test::contains;
-using mask_rcnn::test::TempDir;
+using dtrain::test::contains;
+using dtrain::test::TempDir;
 namespace fs = std::filesystem;
 
 struct Result {
@@ -164,19 +166,9 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
   const auto distributed = load_checkpoint(dir / "two" / "model.pt", info)->named_parameters();
   torch::manual_seed(9);  // the trainer's --seed: its initial weights
   const auto initial = MaskRcnn(preset_config("tiny", 3))->named_parameters();
-  REQUIRE(reference.size() == distributed.size());
-  double worst = 0.0, moved = 0.0;
-  for (const auto& item : reference) {
-    CAPTURE(item.key());
-    const auto& x = item.value();
-    const auto& y = distributed[item.key()];
-    REQUIRE(x.sizes() == y.sizes());
-    const double scale = std::max(1.0, x.abs().max().item<double>());
-    worst = std::max(worst, (x - y).abs().max().item<double>() / scale);
-    moved = std::max(moved, (x - initial[item.key()]).abs().max().item<double>());
-  }
-  CHECK(worst < 1e-4);
-  CHECK(moved > 1e-3);  // training did change the weights: the comparison is not vacuous
+  const auto drift = dtrain::test::parameter_drift(reference, distributed, initial);
+  CHECK(drift.worst < 1e-4);
+  CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
 }
 
 namespace {
