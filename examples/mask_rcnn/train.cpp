@@ -115,8 +115,9 @@ void train(MaskRcnn& model, const DetectionDataset& data, const TrainOptions& o,
     const auto [h, w] = data.image_size(i);
     pixels.push_back(static_cast<double>(h * w));
   }
-  dtrain::SplitSortedBucketSampler sampler(pixels, o.batch_size, dtrain::size(), dtrain::rank(),
-                                           o.shuffle, o.seed);
+  dtrain::SplitSortedBucketSampler sampler(pixels, o.batch_size,
+                                           {.parts = dtrain::size(), .part = dtrain::rank()},
+                                           {.shuffle = o.shuffle, .seed = o.seed});
   const auto steps_per_epoch = sampler.num_batches();
 
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr)

@@ -349,7 +349,8 @@ int train(const Options& o) {
   dtrain::DistributedOptimizer<Sgd> optimizer(sgd);  // dtrain: average gradients in step()
 
   // dtrain: each rank sees its own shard; every rank gets the same number of batches.
-  dtrain::DistributedSampler sampler(data.size(), world, rank, /*shuffle=*/true, o.seed);
+  dtrain::DistributedSampler sampler(data.size(), {.parts = world, .part = rank},
+                                     {.shuffle = true, .seed = o.seed});
   const std::int64_t steps_per_epoch = sampler.num_batches(o.batch_size, /*drop_last_batch=*/true);
   if (steps_per_epoch < 1) {
     if (rank == 0)

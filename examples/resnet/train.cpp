@@ -333,8 +333,9 @@ int run(const TrainOptions& options) {
   dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters());
 
   // dtrain: this rank's shard of every epoch, a permutation fixed by (seed, epoch).
-  dtrain::DistributedSampler sampler(data.train.size(), dtrain::size(), dtrain::rank(),
-                                     /*shuffle=*/true, options.seed);
+  dtrain::DistributedSampler sampler(data.train.size(),
+                                     {.parts = dtrain::size(), .part = dtrain::rank()},
+                                     {.shuffle = true, .seed = options.seed});
   const auto steps = steps_per_epoch(options, sampler);
   // dtrain: with --scale-lr the rate ramps from --lr to --lr x ranks over the warmup epochs (the
   // global batch is ranks x --batch-size), then decays to 0 along a cosine.

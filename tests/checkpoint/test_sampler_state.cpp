@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
-#include "dtrain/train/serialize.hpp"
+#include "dtrain/core/serialize.hpp"
 
 namespace {
 

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
-#include "support/messages.hpp"
+#include "support/error_message.hpp"
 
 namespace {
+
+using dtrain::test::message_of;
 
 using Indices = std::vector<std::int64_t>;
 
@@ -230,28 +232,25 @@ TEST_CASE("set_epoch and epoch") {
 }
 
 TEST_CASE("invalid arguments name the argument and the value") {
-  auto message = [](auto&& make) {
-    return dtrain::test::message_of<dtrain::InvalidArgumentError>(make);
-  };
-  auto m = message([] { dtrain::DistributedSampler(-1, 2, 0); });
+  auto m = message_of([] { dtrain::DistributedSampler(-1, 2, 0); });
   CHECK(m.find("dataset_size") != std::string::npos);
   CHECK(m.find("-1") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 0, 0); });
+  m = message_of([] { dtrain::DistributedSampler(10, 0, 0); });
   CHECK(m.find("num_replicas") != std::string::npos);
   CHECK(m.find("got 0") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, -2, 0); });
+  m = message_of([] { dtrain::DistributedSampler(10, -2, 0); });
   CHECK(m.find("num_replicas") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, 3); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 3); });
   CHECK(m.find("rank") != std::string::npos);
   CHECK(m.find("got 3") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, -1); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, -1); });
   CHECK(m.find("rank") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, 0).num_batches(0, false); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 0).num_batches(0, false); });
   CHECK(m.find("batch_size") != std::string::npos);
-  m = message([] { dtrain::DistributedSampler(10, 3, 0).set_epoch(-2); });
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 0).set_epoch(-2); });
   CHECK(m.find("epoch") != std::string::npos);
   CHECK(m.find("-2") != std::string::npos);
-  m = message([] {
+  m = message_of([] {
     dtrain::DistributedSampler(std::numeric_limits<std::int64_t>::max(), 2, 0);
   });
   CHECK(m.find("overflows") != std::string::npos);
@@ -260,4 +259,82 @@ TEST_CASE("invalid arguments name the argument and the value") {
             .size() == std::numeric_limits<std::int64_t>::max() / 2);
   // Errors are catchable as the library's base class too.
   CHECK_THROWS_AS(dtrain::DistributedSampler(10, 3, 5), dtrain::Error);
+}
+
+TEST_CASE("the options form hands out exactly what the positional form does") {
+  for (const std::int64_t n : {0, 1, 7, 10, 33}) {
+    for (const std::int64_t parts : {1, 2, 3, 5}) {
+      for (const bool shuffle : {false, true}) {
+        for (const bool drop_last : {false, true}) {
+          for (const std::uint64_t seed : {0u, 7u}) {
+            for (std::int64_t part = 0; part < parts; ++part) {
+              CAPTURE(n);
+              CAPTURE(parts);
+              CAPTURE(part);
+              CAPTURE(shuffle);
+              CAPTURE(drop_last);
+              CAPTURE(seed);
+              dtrain::DistributedSampler positional(n, parts, part, shuffle, seed, drop_last);
+              dtrain::DistributedSampler options(
+                  n, {.parts = parts, .part = part},
+                  {.shuffle = shuffle, .seed = seed, .drop_last = drop_last});
+              for (const std::int64_t epoch : {0, 3}) {
+                positional.set_epoch(epoch);
+                options.set_epoch(epoch);
+                CHECK(options.indices() == positional.indices());
+                CHECK(options.size() == positional.size());
+                CHECK(options.state(0) == positional.state(0));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // The defaults are the positional defaults: shuffled, seed 0, padded.
+  CHECK(dtrain::DistributedSampler(10, {.parts = 3, .part = 2}).indices() ==
+        dtrain::DistributedSampler(10, 3, 2).indices());
+  CHECK(dtrain::DistributedSampler(10, {.parts = 3, .part = 2}, {.seed = 9}).indices() ==
+        dtrain::DistributedSampler(10, 3, 2, true, 9).indices());
+  CHECK(dtrain::DistributedSampler(10, {.parts = 3, .part = 2}, {.shuffle = false}).indices() ==
+        Indices{2, 5, 8, 1});
+}
+
+TEST_CASE("both forms report the partition under both names") {
+  const dtrain::DistributedSampler s(10, {.parts = 4, .part = 3}, {.seed = 5, .drop_last = true});
+  CHECK(s.parts() == 4);
+  CHECK(s.part() == 3);
+  CHECK(s.num_replicas() == 4);
+  CHECK(s.rank() == 3);
+  CHECK(s.shuffle());
+  CHECK(s.seed() == 5);
+  CHECK(s.drop_last());
+  const dtrain::DistributedSampler p(10, 4, 3);
+  CHECK(p.parts() == 4);
+  CHECK(p.part() == 3);
+}
+
+TEST_CASE("options-form errors name the field") {
+  // A Partition without .parts is refused rather than read as one part.
+  auto m = message_of([] { dtrain::DistributedSampler(10, {.part = 1}); });
+  CHECK(m.find("partition.parts must be >= 1") != std::string::npos);
+  CHECK(m.find("got 0") != std::string::npos);
+  m = message_of([] { dtrain::DistributedSampler(10, {.parts = -3, .part = 0}); });
+  CHECK(m.find("partition.parts") != std::string::npos);
+  CHECK(m.find("got -3") != std::string::npos);
+  m = message_of([] { dtrain::DistributedSampler(10, {.parts = 3, .part = 3}); });
+  CHECK(m.find("partition.part must be in [0, partition.parts) = [0, 3), got 3") !=
+        std::string::npos);
+  m = message_of([] { dtrain::DistributedSampler(10, {.parts = 3, .part = -1}); });
+  CHECK(m.find("partition.part ") != std::string::npos);
+  m = message_of([] { dtrain::DistributedSampler(-4, {.parts = 3, .part = 0}); });
+  CHECK(m.find("dataset_size must be >= 0, got -4") != std::string::npos);
+  m = message_of([] {
+    dtrain::DistributedSampler(std::numeric_limits<std::int64_t>::max(), {.parts = 2, .part = 0});
+  });
+  CHECK(m.find("partition.parts 2 overflows") != std::string::npos);
+  // The positional form keeps its own parameter names.
+  m = message_of([] { dtrain::DistributedSampler(10, 3, 3); });
+  CHECK(m.find("rank must be in [0, num_replicas)") != std::string::npos);
+  CHECK(m.rfind("dtrain: DistributedSampler:", 0) == 0);
 }

@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
-#include "support/messages.hpp"
+#include "support/error_message.hpp"
 
 namespace {
+
+using dtrain::test::message_of;
 
 using Indices = std::vector<std::int64_t>;
 using Batches = std::vector<Indices>;
@@ -27,7 +29,8 @@ Plan plan_all(const std::vector<double>& sizes, std::int64_t batch_size, std::in
               bool shuffle, std::uint64_t seed, bool drop_last, std::int64_t epoch) {
   Plan plan;
   for (std::int64_t p = 0; p < parts; ++p) {
-    dtrain::SplitSortedBucketSampler s(sizes, batch_size, parts, p, shuffle, seed, drop_last);
+    dtrain::SplitSortedBucketSampler s(sizes, batch_size, {.parts = parts, .part = p},
+                                       {.shuffle = shuffle, .seed = seed, .drop_last = drop_last});
     s.set_epoch(epoch);
     CHECK(static_cast<std::int64_t>(s.batches().size()) == s.num_batches());
     plan.parts.push_back(s.batches());
@@ -141,16 +144,22 @@ TEST_CASE("parts have equal step counts and batches cover the samples, for uneve
 TEST_CASE("step counts in uneven cases") {
   const auto sizes = random_sizes(10, 1, 2, 5);
   // 10 samples, batch 3: 4 batches (last of 1) or 3 full ones with drop_last.
-  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, 3, 0).num_batches() == 2);
-  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, 3, 0, true, 0, true).num_batches() == 1);
-  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, 4, 3).num_batches() == 1);
-  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, 4, 3, true, 0, true).num_batches() == 0);
-  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, 4, 3, true, 0, true).batches().empty());
-  CHECK(dtrain::SplitSortedBucketSampler({}, 3, 2, 1).num_batches() == 0);
+  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, {.parts = 3, .part = 0}).num_batches() == 2);
+  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, {.parts = 3, .part = 0}, {.drop_last = true})
+            .num_batches() == 1);
+  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, {.parts = 4, .part = 3}).num_batches() == 1);
+  CHECK(dtrain::SplitSortedBucketSampler(sizes, 3, {.parts = 4, .part = 3}, {.drop_last = true})
+            .num_batches() == 0);
+  const dtrain::SplitSortedBucketSampler none(sizes, 3, {.parts = 4, .part = 3},
+                                              {.drop_last = true});
+  CHECK(none.batches().empty());
+  CHECK(dtrain::SplitSortedBucketSampler({}, 3, {.parts = 2, .part = 1}).num_batches() == 0);
   // Fewer batches than parts: wrapping gives every part one.
-  dtrain::SplitSortedBucketSampler small({1, 2, 3}, 2, 4, 3);
+  dtrain::SplitSortedBucketSampler small({1, 2, 3}, 2, {.parts = 4, .part = 3});
   CHECK(small.num_batches() == 1);
   CHECK(small.batches().size() == 1);
+  CHECK(small.parts() == 4);
+  CHECK(small.part() == 3);
 }
 
 TEST_CASE("without shuffle the plan is plain serpentine over cost-sorted rounds") {
@@ -160,8 +169,8 @@ TEST_CASE("without shuffle the plan is plain serpentine over cost-sorted rounds"
   auto at = [&](double v) {
     return static_cast<std::int64_t>(std::find(sizes.begin(), sizes.end(), v) - sizes.begin());
   };
-  dtrain::SplitSortedBucketSampler p0(sizes, 2, 2, 0, false);
-  dtrain::SplitSortedBucketSampler p1(sizes, 2, 2, 1, false);
+  dtrain::SplitSortedBucketSampler p0(sizes, 2, {.parts = 2, .part = 0}, {.shuffle = false});
+  dtrain::SplitSortedBucketSampler p1(sizes, 2, {.parts = 2, .part = 1}, {.shuffle = false});
   // Round 0 = batches of cost 1 and 5, round 1 = 9 and 13. Part 0 takes the first of round 0
   // and the last of round 1; part 1 the others: both total 14.
   CHECK(p0.batches() == Batches{{at(0), at(1)}, {at(6), at(7)}});
@@ -195,7 +204,7 @@ TEST_CASE("deterministic per (seed, epoch); epochs change the order and each par
   // a random share overlaps another epoch's share by about a quarter.
   const auto exact = random_sizes(192, 1, 5, 9);
   auto share = [&](std::int64_t epoch) {
-    dtrain::SplitSortedBucketSampler s(exact, 4, 4, 0, true, 21);
+    dtrain::SplitSortedBucketSampler s(exact, 4, {.parts = 4, .part = 0}, {.seed = 21});
     s.set_epoch(epoch);
     std::set<std::int64_t> samples;
     for (const auto& batch : s.batches()) samples.insert(batch.begin(), batch.end());
@@ -211,7 +220,7 @@ TEST_CASE("deterministic per (seed, epoch); epochs change the order and each par
 
 TEST_CASE("ties between equal sizes are mixed differently per epoch") {
   const std::vector<double> sizes(12, 1.0);
-  dtrain::SplitSortedBucketSampler s(sizes, 3, 1, 0, true, 4);
+  dtrain::SplitSortedBucketSampler s(sizes, 3, {.parts = 1, .part = 0}, {.seed = 4});
   std::set<Indices> e0(s.batches().begin(), s.batches().end());
   s.set_epoch(1);
   std::set<Indices> e1(s.batches().begin(), s.batches().end());
@@ -221,7 +230,7 @@ TEST_CASE("ties between equal sizes are mixed differently per epoch") {
 TEST_CASE("drop_last skips different samples in different epochs") {
   const auto sizes = random_sizes(11, 1, 5, 12);  // batch 4: 3 samples sit out
   auto kept = [&](std::int64_t epoch) {
-    dtrain::SplitSortedBucketSampler s(sizes, 4, 1, 0, true, 0, true);
+    dtrain::SplitSortedBucketSampler s(sizes, 4, {.parts = 1, .part = 0}, {.drop_last = true});
     s.set_epoch(epoch);
     std::set<std::int64_t> k;
     for (const auto& batch : s.batches()) k.insert(batch.begin(), batch.end());
@@ -300,28 +309,61 @@ TEST_CASE("the balance bound holds for skewed costs") {
 }
 
 TEST_CASE("invalid arguments name the argument and the value") {
-  auto message = [](auto&& make) {
-    return dtrain::test::message_of<dtrain::InvalidArgumentError>(make);
-  };
   const std::vector<double> sizes = {1, 2, 3};
-  auto m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 0, 2, 0); });
+  auto m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 0, {.parts = 2, .part = 0}); });
   CHECK(m.find("batch_size") != std::string::npos);
   CHECK(m.find("got 0") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 0, 0); });
-  CHECK(m.find("num_parts") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 2, 2); });
-  CHECK(m.find("part_index") != std::string::npos);
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 0, .part = 0}); });
+  CHECK(m.find("partition.parts") != std::string::npos);
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = 2}); });
+  CHECK(m.find("partition.part ") != std::string::npos);
   CHECK(m.find("got 2") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 2, -1); });
-  CHECK(m.find("part_index") != std::string::npos);
-  m = message([] { dtrain::SplitSortedBucketSampler({1, -4, 2}, 2, 2, 0); });
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = -1}); });
+  CHECK(m.find("partition.part ") != std::string::npos);
+  m = message_of([] { dtrain::SplitSortedBucketSampler({1, -4, 2}, 2, {.parts = 2, .part = 0}); });
   CHECK(m.find("sizes[1]") != std::string::npos);
   CHECK(m.find("-4") != std::string::npos);
-  m = message([] {
-    dtrain::SplitSortedBucketSampler({1, std::numeric_limits<double>::quiet_NaN()}, 2, 2, 0);
+  m = message_of([] {
+    dtrain::SplitSortedBucketSampler({1, std::numeric_limits<double>::quiet_NaN()}, 2,
+                                     {.parts = 2, .part = 0});
   });
   CHECK(m.find("sizes[1]") != std::string::npos);
-  m = message([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 2, 0).set_epoch(-1); });
+  m = message_of(
+      [&] { dtrain::SplitSortedBucketSampler(sizes, 2, {.parts = 2, .part = 0}).set_epoch(-1); });
   CHECK(m.find("epoch") != std::string::npos);
   CHECK(m.find("-1") != std::string::npos);
+}
+
+TEST_CASE("the spec's positional form is the same sampler, and its errors use its names") {
+  std::vector<double> sizes;
+  for (int i = 0; i < 41; ++i) sizes.push_back((i * 7) % 11 + 0.5);
+  for (const std::int64_t parts : {1, 3, 4}) {
+    for (const bool shuffle : {false, true}) {
+      for (const bool drop_last : {false, true}) {
+        for (std::int64_t part = 0; part < parts; ++part) {
+          CAPTURE(parts);
+          CAPTURE(part);
+          CAPTURE(shuffle);
+          CAPTURE(drop_last);
+          dtrain::SplitSortedBucketSampler positional(sizes, 4, parts, part, shuffle, 3, drop_last);
+          dtrain::SplitSortedBucketSampler options(
+              sizes, 4, {.parts = parts, .part = part},
+              {.shuffle = shuffle, .seed = 3, .drop_last = drop_last});
+          for (const std::int64_t epoch : {0, 2}) {
+            positional.set_epoch(epoch);
+            options.set_epoch(epoch);
+            CHECK(positional.batches() == options.batches());
+          }
+          CHECK(positional.num_parts() == parts);
+          CHECK(positional.part_index() == part);
+          CHECK(options.num_parts() == options.parts());
+          CHECK(options.part_index() == options.part());
+        }
+      }
+    }
+  }
+  auto m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 0, 0); });
+  CHECK(m.find("num_parts must be >= 1") != std::string::npos);
+  m = message_of([&] { dtrain::SplitSortedBucketSampler(sizes, 2, 2, 5); });
+  CHECK(m.find("part_index must be in [0, num_parts)") != std::string::npos);
 }

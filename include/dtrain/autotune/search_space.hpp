@@ -7,8 +7,9 @@
 //   models on fast networks want more, and the log scale gives each doubling the same room.
 //   "Fusion off" (threshold 0) is not searched: at 1 MiB, tensors of 1 MiB and more already go
 //   alone, so "off" only stops packing the small ones, which is what makes many-small-tensor
-//   models 10-20x slower (docs/autotune.md); a sample spent there costs real training time and
-//   teaches the model little. A user who wants it sets DTRAIN_FUSION_THRESHOLD=0 (then fixed).
+//   models an order of magnitude slower (figures in docs/autotune.md); a sample spent there
+//   costs real training time and teaches the model little. A user who wants it sets
+//   DTRAIN_FUSION_THRESHOLD=0 (then fixed).
 // - Cycle time: log scale over [0.1, 25] ms.
 // - Binary knobs (hierarchical allreduce, response cache, fusion pipeline) are 0/1 coordinates.
 //   The optimizer treats them as categories: it enumerates their combinations when it maximizes

@@ -171,8 +171,9 @@ inline void host_reduce_scatter(const void* send, void* recv,
 
 // Note [Scaled allreduce]
 // MPI has no Average: an average is a sum scaled by 1/n, and a postscale is a scaling too. Scaling
-// the whole result after MPI_Allreduce is a full extra pass over the tensor, about half the cost
-// of the reduction itself for a 100 MB gradient list at 2 ranks. But a large allreduce is, inside
+// the whole result after MPI_Allreduce is a full extra pass over the tensor, a large share of the
+// reduction's own cost for a big gradient list (docs/performance.md, "Average and Sum side by
+// side"). But a large allreduce is, inside
 // MPI, a reduce-scatter followed by an allgather, and between the two each rank holds only its
 // 1/n shard of the result. host_allreduce_scaled() runs those two steps itself: a ring
 // reduce-scatter of point-to-point exchanges, whose last addition into each part also multiplies
@@ -182,7 +183,7 @@ inline void host_reduce_scatter(const void* send, void* recv,
 // The choice depends only on the count, the dtype and the communicator's size, so every rank makes
 // the same MPI calls. Each part is summed around the ring in a fixed order, and every rank
 // receives the same bits from the allgather. A reduce-scatter of MPI's own with a scaling pass
-// over the shard was tried first: at 2 ranks it still left half a pass.
+// over the shard was tried first and still left part of a pass (same section).
 // Two collectives instead of one only pay where each rank has a core of its own: where ranks
 // outnumber cores every MPI call waits for descheduled peers (Note [Direct segments]), and on a
 // 2-core machine loaded by other processes the two calls' medians were many times one

@@ -12,8 +12,8 @@
 // (rank, rank+R, ...), so they are disjoint apart from the padding and, without drop_last,
 // together cover the dataset.
 //
-// Every rank must construct the sampler with the same dataset_size, shuffle, seed and drop_last
-// and call set_epoch() with the same epoch; the order is then identical everywhere
+// Every rank must construct the sampler with the same dataset_size and options (shuffle, seed,
+// drop_last) and call set_epoch() with the same epoch; the order is then identical everywhere
 // (Note [Portable shuffling] in permutation.hpp).
 //
 // state() and load_state() carry the position within an epoch across a restart, also to another
@@ -25,49 +25,28 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/data/partition.hpp"
 #include "dtrain/data/permutation.hpp"
+#include "dtrain/data/sampler_options.hpp"
 #include "dtrain/data/sampler_state.hpp"
 
 namespace dtrain {
 
 class DistributedSampler {
  public:
+  // This rank takes part `partition.part` of `partition.parts`:
+  //   DistributedSampler sampler(n, {.parts = dtrain::size(), .part = dtrain::rank()},
+  //                              {.shuffle = true, .seed = 7});
+  DistributedSampler(std::int64_t dataset_size, Partition partition, SamplerOptions options = {})
+      : DistributedSampler(dataset_size, partition, options, detail::PartitionNames{}) {}
+
+  // The same sampler as DistributedSampler(dataset_size, {num_replicas, rank},
+  // {shuffle, seed, drop_last}), in PyTorch's argument order.
   DistributedSampler(std::int64_t dataset_size, std::int64_t num_replicas, std::int64_t rank,
                      bool shuffle = true, std::uint64_t seed = 0, bool drop_last = false)
-      : dataset_size_(dataset_size),
-        num_replicas_(num_replicas),
-        rank_(rank),
-        shuffle_(shuffle),
-        seed_(seed),
-        drop_last_(drop_last) {
-    if (dataset_size < 0) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler: dataset_size must be >= 0, got {}", dataset_size));
-    }
-    if (num_replicas <= 0) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler: num_replicas must be >= 1, got {} (pass the world size, "
-          "e.g. dtrain::size())",
-          num_replicas));
-    }
-    if (rank < 0 || rank >= num_replicas) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler: rank must be in [0, num_replicas) = [0, {}), got {}",
-          num_replicas, rank));
-    }
-    if (drop_last) {
-      num_samples_ = dataset_size / num_replicas;
-    } else {
-      // ceil(N/R) * R must fit in int64 so the padded list can be indexed.
-      num_samples_ = dataset_size / num_replicas + (dataset_size % num_replicas != 0 ? 1 : 0);
-      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / num_replicas) {
-        throw InvalidArgumentError(fmt::format(
-            "DistributedSampler: dataset_size {} padded to a multiple of num_replicas {} "
-            "overflows int64",
-            dataset_size, num_replicas));
-      }
-    }
-  }
+      : DistributedSampler(dataset_size, Partition{num_replicas, rank},
+                           SamplerOptions{shuffle, seed, drop_last},
+                           detail::PartitionNames{"num_replicas", "rank"}) {}
 
   // Selects the epoch's order. Call it at the start of every epoch with the same value on every
   // rank; without it every epoch repeats epoch 0's order. An epoch other than the current one
@@ -75,7 +54,7 @@ class DistributedSampler {
   void set_epoch(std::int64_t epoch) {
     if (epoch < 0) {
       throw InvalidArgumentError(
-          fmt::format("DistributedSampler::set_epoch: epoch must be >= 0, got {}", epoch));
+          fmt::format("dtrain: DistributedSampler::set_epoch: epoch must be >= 0, got {}", epoch));
     }
     if (epoch != epoch_) start_ = 0;
     epoch_ = epoch;
@@ -86,8 +65,8 @@ class DistributedSampler {
   SamplerState state(std::int64_t taken) const {
     if (taken < 0 || taken > remaining()) {
       throw InvalidArgumentError(fmt::format(
-          "DistributedSampler::state: taken must be in [0, {}] (the samples indices() hands out "
-          "in this epoch), got {}",
+          "dtrain: DistributedSampler::state: taken must be in [0, {}] (the samples indices() "
+          "hands out in this epoch), got {}",
           remaining(), taken));
     }
     SamplerState s;
@@ -96,13 +75,13 @@ class DistributedSampler {
     s.shuffle = shuffle_;
     s.drop_last = drop_last_;
     s.epoch = epoch_;
-    s.position = start_ + taken * num_replicas_;
-    s.num_replicas = num_replicas_;
+    s.position = start_ + taken * parts_;
+    s.num_replicas = parts_;
     return s;
   }
 
   // Continues from a saved position: selects its epoch, and indices() then hands out the rest of
-  // that epoch's order, re-sharded over this sampler's num_replicas if it differs from the saved
+  // that epoch's order, re-sharded over this sampler's parts if their number differs from the saved
   // one (Note [Sampler position]). The dataset size, shuffle, seed and drop_last must match the
   // saved ones, or the order would not be the same.
   void load_state(const SamplerState& s) {
@@ -132,7 +111,7 @@ class DistributedSampler {
     if (start_ == 0) return num_samples_;
     if (start_ >= dataset_size_) return 0;
     const std::int64_t rest = dataset_size_ - start_;
-    return drop_last_ ? rest / num_replicas_ : rest / num_replicas_ + (rest % num_replicas_ != 0);
+    return drop_last_ ? rest / parts_ : rest / parts_ + (rest % parts_ != 0);
   }
 
   std::int64_t epoch() const noexcept { return epoch_; }
@@ -141,8 +120,10 @@ class DistributedSampler {
   std::int64_t size() const noexcept { return num_samples_; }
 
   std::int64_t dataset_size() const noexcept { return dataset_size_; }
-  std::int64_t num_replicas() const noexcept { return num_replicas_; }
-  std::int64_t rank() const noexcept { return rank_; }
+  std::int64_t parts() const noexcept { return parts_; }
+  std::int64_t part() const noexcept { return part_; }
+  std::int64_t num_replicas() const noexcept { return parts_; }  // = parts()
+  std::int64_t rank() const noexcept { return part_; }                  // = part()
   bool shuffle() const noexcept { return shuffle_; }
   std::uint64_t seed() const noexcept { return seed_; }
   bool drop_last() const noexcept { return drop_last_; }
@@ -163,7 +144,7 @@ class DistributedSampler {
     std::vector<std::int64_t> mine;
     mine.reserve(static_cast<std::size_t>(count));
     for (std::int64_t k = 0; k < count; ++k) {
-      const std::int64_t position = start_ + rank_ + k * num_replicas_;
+      const std::int64_t position = start_ + part_ + k * parts_;
       mine.push_back(order[static_cast<std::size_t>(position % dataset_size_)]);
     }
     return mine;
@@ -172,17 +153,46 @@ class DistributedSampler {
   // Batches per rank per epoch for a given per-rank batch size; the same on every rank.
   std::int64_t num_batches(std::int64_t batch_size, bool drop_last_batch) const {
     if (batch_size <= 0) {
-      throw InvalidArgumentError(fmt::format(
-          "DistributedSampler::num_batches: batch_size must be >= 1, got {}", batch_size));
+      throw InvalidArgumentError(
+          fmt::format("dtrain: DistributedSampler::num_batches: batch_size must be >= 1, got {}",
+                      batch_size));
     }
     if (drop_last_batch) return num_samples_ / batch_size;
     return num_samples_ / batch_size + (num_samples_ % batch_size != 0 ? 1 : 0);
   }
 
  private:
+  // Errors name the numbers as the caller passed them (`names`).
+  DistributedSampler(std::int64_t dataset_size, Partition partition, SamplerOptions options,
+                     detail::PartitionNames names)
+      : dataset_size_(dataset_size),
+        parts_(partition.parts),
+        part_(partition.part),
+        shuffle_(options.shuffle),
+        seed_(options.seed),
+        drop_last_(options.drop_last) {
+    if (dataset_size < 0) {
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedSampler: dataset_size must be >= 0, got {}", dataset_size));
+    }
+    detail::check_partition("DistributedSampler", partition, names);
+    if (drop_last_) {
+      num_samples_ = dataset_size / parts_;
+    } else {
+      // ceil(N/R) * R must fit in int64 so the padded list can be indexed.
+      num_samples_ = dataset_size / parts_ + (dataset_size % parts_ != 0 ? 1 : 0);
+      if (num_samples_ > std::numeric_limits<std::int64_t>::max() / parts_) {
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedSampler: dataset_size {} padded to a multiple of {} {} "
+            "overflows int64",
+            dataset_size, names.parts, parts_));
+      }
+    }
+  }
+
   std::int64_t dataset_size_;
-  std::int64_t num_replicas_;
-  std::int64_t rank_;
+  std::int64_t parts_;
+  std::int64_t part_;
   bool shuffle_;
   std::uint64_t seed_;
   bool drop_last_;

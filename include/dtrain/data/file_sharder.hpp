@@ -2,8 +2,8 @@
 // Assigns whole files (record shards, tar archives) to data-parallel ranks for datasets that are
 // read file by file rather than indexed sample by sample.
 //
-// Every shard gets the same number of files (Note [Equal steps on every rank] in
-// distributed_sampler.hpp): the list is padded by wrapping around, so with 10 files and 4 shards
+// Every part gets the same number of files (Note [Equal steps on every rank] in
+// distributed_sampler.hpp): the list is padded by wrapping around, so with 10 files and 4 parts
 // two files are read twice per epoch. Equal file counts give equal step counts only when files
 // hold equal numbers of samples; otherwise bound the steps per epoch explicitly.
 // Assignment is the DistributedSampler's over file positions, so it is deterministic and
@@ -21,6 +21,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/data/distributed_sampler.hpp"
+#include "dtrain/data/partition.hpp"
 
 namespace dtrain {
 
@@ -54,33 +55,31 @@ inline bool glob_match(std::string_view pattern, std::string_view name) {
 
 }  // namespace detail
 
-// This shard's files for the epoch: ceil(files / num_shards) of them, the same count on every
-// shard. Pass the same list (same order) on every rank.
+struct FileShardOptions {
+  bool shuffle = true;      // a new assignment every epoch, drawn from (seed, epoch)
+  std::uint64_t seed = 0;   // the same on every rank
+  std::int64_t epoch = 0;   // >= 0
+};
+
+// This rank's files for the epoch: ceil(files / partition.parts) of them, the same count in every
+// part. Pass the same list (same order) on every rank:
+//   auto mine = shard_files(files, {.parts = dtrain::size(), .part = dtrain::rank()},
+//                           {.seed = 7, .epoch = epoch});
 inline std::vector<std::string> shard_files(const std::vector<std::string>& files,
-                                            std::int64_t num_shards, std::int64_t shard_index,
-                                            bool shuffle = true, std::uint64_t seed = 0,
-                                            std::int64_t epoch = 0) {
+                                            Partition partition, FileShardOptions options = {}) {
   if (files.empty()) {
     throw InvalidArgumentError(
-        "dtrain: shard_files: files is empty; there is nothing to give each of the shards. Check the "
-        "dataset path and file pattern");
+        "dtrain: shard_files: files is empty; there is nothing to give each of the parts. Check "
+        "the dataset path and file pattern");
   }
-  if (num_shards <= 0) {
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: shard_files: num_shards must be >= 1, got {} (pass the world size, e.g. dtrain::size())",
-        num_shards));
+  detail::check_partition("shard_files", partition);
+  if (options.epoch < 0) {
+    throw InvalidArgumentError(
+        fmt::format("dtrain: shard_files: options.epoch must be >= 0, got {}", options.epoch));
   }
-  if (shard_index < 0 || shard_index >= num_shards) {
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: shard_files: shard_index must be in [0, num_shards) = [0, {}), got {}", num_shards,
-        shard_index));
-  }
-  if (epoch < 0) {
-    throw InvalidArgumentError(fmt::format("dtrain: shard_files: epoch must be >= 0, got {}", epoch));
-  }
-  DistributedSampler sampler(static_cast<std::int64_t>(files.size()), num_shards, shard_index,
-                             shuffle, seed, /*drop_last=*/false);
-  sampler.set_epoch(epoch);
+  DistributedSampler sampler(static_cast<std::int64_t>(files.size()), partition,
+                             {.shuffle = options.shuffle, .seed = options.seed});
+  sampler.set_epoch(options.epoch);
   std::vector<std::string> mine;
   for (const std::int64_t i : sampler.indices()) {
     mine.push_back(files[static_cast<std::size_t>(i)]);
@@ -119,16 +118,15 @@ inline std::vector<std::string> list_files(const std::filesystem::path& dir,
 
 // The files in dir matching pattern, sorted by name, then sharded as above.
 inline std::vector<std::string> shard_files(const std::filesystem::path& dir,
-                                            std::string_view pattern, std::int64_t num_shards,
-                                            std::int64_t shard_index, bool shuffle = true,
-                                            std::uint64_t seed = 0, std::int64_t epoch = 0) {
+                                            std::string_view pattern, Partition partition,
+                                            FileShardOptions options = {}) {
   const std::vector<std::string> files = list_files(dir, pattern);
   if (files.empty()) {
     throw InvalidArgumentError(fmt::format(
         "dtrain: shard_files: no regular file in '{}' matches '{}'; check the directory and the pattern",
         dir.string(), pattern));
   }
-  return shard_files(files, num_shards, shard_index, shuffle, seed, epoch);
+  return shard_files(files, partition, options);
 }
 
 }  // namespace dtrain

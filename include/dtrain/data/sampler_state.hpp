@@ -12,7 +12,7 @@
 // taken twice apart from the usual end-of-epoch padding (or, with drop_last, cut).
 #include <cstdint>
 
-#include "dtrain/train/serialize.hpp"
+#include "dtrain/core/serialize.hpp"
 
 namespace dtrain {
 

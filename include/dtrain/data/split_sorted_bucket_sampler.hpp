@@ -15,14 +15,14 @@
 //     last batch (largest samples) may be smaller without drop_last. Random tie keys mix samples
 //     of equal size (say, the many 4:3 images) differently every epoch. A batch's cost is the sum
 //     of its sizes; it does not depend on the tie keys.
-//  3. Shuffle the B batches and take num_parts * L slots from that order, L = ceil(B / parts)
+//  3. Shuffle the B batches and take parts * L slots from that order, L = ceil(B / parts)
 //     (wrapping around, so a few random batches run twice) or, with drop_last, L = floor(B/parts)
 //     (a few random batches are skipped).
-//  4. Sort the slots by cost and cut them into L rounds of num_parts slots. A round is one global
+//  4. Sort the slots by cost and cut them into L rounds of `parts` slots. A round is one global
 //     step: every part gets exactly one batch of each round, so at every step all ranks hold
 //     batches of neighbouring cost and nobody waits long for a straggler.
 //  5. Inside a round, batches go to parts serpentine-fashion over pairs of rounds: part j takes
-//     position s(j) in the even round and num_parts-1-s(j) in the odd one, so the pair sums are
+//     position s(j) in the even round and parts-1-s(j) in the odd one, so the pair sums are
 //     nearly equal; s is a fresh random permutation for every pair, so a rank's share of the
 //     data changes from epoch to epoch instead of being fixed.
 //  6. The order of rounds (steps) is shuffled.
@@ -44,58 +44,68 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/data/partition.hpp"
 #include "dtrain/data/permutation.hpp"
+#include "dtrain/data/sampler_options.hpp"
 
 namespace dtrain {
 
 class SplitSortedBucketSampler {
  public:
   // sizes[i]: the size or cost of sample i (pixels, tokens, an aspect ratio); finite and >= 0.
+  // This rank takes part `partition.part` of `partition.parts`:
+  //   SplitSortedBucketSampler sampler(sizes, batch_size,
+  //                                    {.parts = dtrain::size(), .part = dtrain::rank()},
+  //                                    {.seed = 7});
+  SplitSortedBucketSampler(std::vector<double> sizes, std::int64_t batch_size, Partition partition,
+                           SamplerOptions options = {})
+      : SplitSortedBucketSampler(std::move(sizes), batch_size, partition, options,
+                                 detail::PartitionNames{}) {}
+
+  // The spec's positional form, the same sampler: part `part_index` of `num_parts`.
   SplitSortedBucketSampler(std::vector<double> sizes, std::int64_t batch_size,
                            std::int64_t num_parts, std::int64_t part_index, bool shuffle = true,
                            std::uint64_t seed = 0, bool drop_last = false)
+      : SplitSortedBucketSampler(std::move(sizes), batch_size, Partition{num_parts, part_index},
+                                 SamplerOptions{shuffle, seed, drop_last},
+                                 detail::PartitionNames{"num_parts", "part_index"}) {}
+
+ private:
+  SplitSortedBucketSampler(std::vector<double> sizes, std::int64_t batch_size, Partition partition,
+                           SamplerOptions options, detail::PartitionNames names)
       : sizes_(std::move(sizes)),
         batch_size_(batch_size),
-        num_parts_(num_parts),
-        part_index_(part_index),
-        shuffle_(shuffle),
-        seed_(seed),
-        drop_last_(drop_last) {
+        parts_(partition.parts),
+        part_(partition.part),
+        shuffle_(options.shuffle),
+        seed_(options.seed),
+        drop_last_(options.drop_last) {
     if (batch_size <= 0) {
       throw InvalidArgumentError(fmt::format(
-          "SplitSortedBucketSampler: batch_size must be >= 1, got {}", batch_size));
+          "dtrain: SplitSortedBucketSampler: batch_size must be >= 1, got {}", batch_size));
     }
-    if (num_parts <= 0) {
-      throw InvalidArgumentError(fmt::format(
-          "SplitSortedBucketSampler: num_parts must be >= 1, got {} (pass the world size, "
-          "e.g. dtrain::size())",
-          num_parts));
-    }
-    if (part_index < 0 || part_index >= num_parts) {
-      throw InvalidArgumentError(fmt::format(
-          "SplitSortedBucketSampler: part_index must be in [0, num_parts) = [0, {}), got {}",
-          num_parts, part_index));
-    }
+    detail::check_partition("SplitSortedBucketSampler", partition, names);
     for (std::size_t i = 0; i < sizes_.size(); ++i) {
       if (!std::isfinite(sizes_[i]) || sizes_[i] < 0) {
         throw InvalidArgumentError(fmt::format(
-            "SplitSortedBucketSampler: sizes[{}] must be finite and >= 0, got {}", i,
+            "dtrain: SplitSortedBucketSampler: sizes[{}] must be finite and >= 0, got {}", i,
             sizes_[i]));
       }
     }
     const auto n = static_cast<std::int64_t>(sizes_.size());
-    num_sample_batches_ = drop_last ? n / batch_size : (n + batch_size - 1) / batch_size;
-    num_batches_ = drop_last ? num_sample_batches_ / num_parts
-                             : (num_sample_batches_ + num_parts - 1) / num_parts;
+    num_sample_batches_ = drop_last_ ? n / batch_size : (n + batch_size - 1) / batch_size;
+    num_batches_ = drop_last_ ? num_sample_batches_ / parts_
+                              : (num_sample_batches_ + parts_ - 1) / parts_;
     plan();
   }
 
+ public:
   // Selects the epoch's plan. Call it at the start of every epoch with the same value on every
   // rank; without it every epoch repeats epoch 0's plan.
   void set_epoch(std::int64_t epoch) {
     if (epoch < 0) {
       throw InvalidArgumentError(fmt::format(
-          "SplitSortedBucketSampler::set_epoch: epoch must be >= 0, got {}", epoch));
+          "dtrain: SplitSortedBucketSampler::set_epoch: epoch must be >= 0, got {}", epoch));
     }
     epoch_ = epoch;
     plan();
@@ -110,8 +120,10 @@ class SplitSortedBucketSampler {
   std::int64_t num_batches() const noexcept { return num_batches_; }
 
   std::int64_t batch_size() const noexcept { return batch_size_; }
-  std::int64_t num_parts() const noexcept { return num_parts_; }
-  std::int64_t part_index() const noexcept { return part_index_; }
+  std::int64_t parts() const noexcept { return parts_; }
+  std::int64_t part() const noexcept { return part_; }
+  std::int64_t num_parts() const noexcept { return parts_; }   // the spec's names for the two
+  std::int64_t part_index() const noexcept { return part_; }
   std::int64_t dataset_size() const noexcept { return static_cast<std::int64_t>(sizes_.size()); }
   const std::vector<double>& sizes() const noexcept { return sizes_; }
 
@@ -120,7 +132,7 @@ class SplitSortedBucketSampler {
     batches_.clear();
     if (num_batches_ == 0) return;
     const auto n = static_cast<std::int64_t>(sizes_.size());
-    const std::int64_t parts = num_parts_;
+    const std::int64_t parts = parts_;
     auto engine = detail::make_engine(seed_, epoch_);
 
     // Steps 1-2: tie keys, sit-outs, sorted batches and their costs.
@@ -181,7 +193,7 @@ class SplitSortedBucketSampler {
                                                      ? detail::random_permutation(parts, engine)
                                                      : detail::identity_permutation(parts);
       my_position_in_pair[static_cast<std::size_t>(pair)] =
-          position[static_cast<std::size_t>(part_index_)];
+          position[static_cast<std::size_t>(part_)];
     }
 
     batches_.reserve(static_cast<std::size_t>(num_batches_));
@@ -199,8 +211,8 @@ class SplitSortedBucketSampler {
 
   std::vector<double> sizes_;
   std::int64_t batch_size_;
-  std::int64_t num_parts_;
-  std::int64_t part_index_;
+  std::int64_t parts_;
+  std::int64_t part_;
   bool shuffle_;
   std::uint64_t seed_;
   bool drop_last_;

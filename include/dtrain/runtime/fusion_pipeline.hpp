@@ -10,9 +10,10 @@
 // The overlap only pays where the helper has a core of its own. MPI's reduction keeps the engine
 // thread's core busy (copying, reducing, polling for the peer), so where the ranks on a host
 // already fill its cores the helper just takes CPU from the reductions: on a 2-core machine the
-// fused ResNet-50 gradient sync was 0-16% slower with the overlap at 2 ranks and 2-23% slower at
-// 4 ranks (docs/performance.md). overlap_pays() asks for two cores per rank on the host; elsewhere
-// the backend packs, reduces and unpacks inline even when DTRAIN_FUSION_PIPELINE is on.
+// fused gradient sync was slower with the overlap than without it, at 2 ranks and at 4 (figures
+// in docs/performance.md, "Gradient sync"). overlap_pays() asks for two cores per rank on the
+// host; elsewhere the backend packs, reduces and unpacks inline even when DTRAIN_FUSION_PIPELINE
+// is on.
 //
 // Note [Direct segments]
 // Packing costs two passes over every byte (copy in, copy out). Where each rank has a core, an
@@ -21,7 +22,7 @@
 // bytes at >= 1 MiB). So there a fused response reduces each tensor of at least
 // kFusionDirectMinBytes in place, in its own memory (in pieces of at most DTRAIN_MPI_CHUNK_BYTES),
 // and packs only the small ones. Where ranks outnumber the host's cores every MPI call waits for
-// the peers to be scheduled (10-20 ms a call at 4 ranks on 2 cores), so there everything is packed
+// the peers to be scheduled (docs/performance.md, "Gradient sync"), so there everything is packed
 // into as few calls as possible (direct_pays()). Which tensors are direct shapes the MPI calls, so
 // it is decided once for all ranks: each rank tells at init() whether it has a core of its own, and
 // tensors are reduced in place only if every rank does (Note [Agreed settings]). The pieces are

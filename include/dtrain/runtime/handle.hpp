@@ -37,8 +37,8 @@ class OpState {
   void wait() {
     // Block at once. The op is finished by the engine thread and the peer ranks, which on a small
     // machine share these cores: a waiter that spins or yields takes the core they need, and on a
-    // loaded machine costs a scheduler tick (4 ms) where a futex wake costs ~10 us
-    // (docs/performance.md, "Waiting strategy").
+    // loaded machine costs a scheduler tick (4 ms) where a futex wake costs microseconds
+    // (docs/performance.md, "Where a lone op's extra time goes").
     if (!done()) {
       std::unique_lock lock(mutex_);
       cv_.wait(lock, [&] { return done(); });

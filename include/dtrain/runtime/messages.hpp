@@ -1,13 +1,17 @@
 #pragma once
 // What ranks tell the coordinator (requests) and what the coordinator tells every rank
-// (responses). See Note [Negotiation] in runtime/coordinator.hpp.
+// (responses). See Note [Negotiation] in runtime/coordinator.hpp. Each message names its fields
+// once, in `tie_fields`, which the serializer (core/serialize.hpp) writes and reads in order; a
+// field missing there is a field that never crosses the wire, and a test checks every field
+// survives the round trip.
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "dtrain/comm/reduce_op.hpp"
-#include "dtrain/runtime/wire.hpp"
+#include "dtrain/core/serialize.hpp"
 #include "dtrain/tensor/device.hpp"
 #include "dtrain/tensor/dtype.hpp"
 
@@ -55,22 +59,19 @@ struct Request {
     return n;
   }
 
-  void write(WireWriter& w) const {
-    w.put(name); w.put(kind); w.put(dtype); w.put(device); w.put(reduce_op);
-    w.put(prescale); w.put(postscale); w.put(root); w.put(shape); w.put(group); w.put(group_size);
-    w.put(rejected);
+  // The negotiated metadata (everything but the name and the refusal): what the response cache
+  // compares, and what every rank must agree on.
+  template <class Self>
+  static auto tie_metadata(Self& q) {
+    return std::tie(q.kind, q.dtype, q.device, q.reduce_op, q.prescale, q.postscale, q.root,
+                    q.shape, q.group, q.group_size);
   }
-  void read(WireReader& r) {
-    r.get(name); r.get(kind); r.get(dtype); r.get(device); r.get(reduce_op);
-    r.get(prescale); r.get(postscale); r.get(root); r.get(shape); r.get(group); r.get(group_size);
-    r.get(rejected);
+  template <class Self>
+  static auto tie_fields(Self& q) {
+    return std::tuple_cat(std::tie(q.name), tie_metadata(q), std::tie(q.rejected));
   }
-  // Same negotiated metadata (the name aside): what the response cache compares.
-  bool same_metadata(const Request& o) const noexcept {
-    return kind == o.kind && dtype == o.dtype && device == o.device && reduce_op == o.reduce_op &&
-           prescale == o.prescale && postscale == o.postscale && root == o.root &&
-           shape == o.shape && group == o.group && group_size == o.group_size;
-  }
+  bool same_metadata(const Request& o) const { return tie_metadata(*this) == tie_metadata(o); }
+  friend bool operator==(const Request&, const Request&) = default;
 };
 
 enum class ErrorKind : std::uint8_t { none, mismatch, invalid_argument, shutdown, timeout };
@@ -110,18 +111,13 @@ struct Response {
     for (auto x : numels) n += x;
     return n;
   }
-  void write(WireWriter& w) const {
-    w.put(kind); w.put(names); w.put(numels); w.put(dtype); w.put(device); w.put(reduce_op);
-    w.put(prescale); w.put(postscale); w.put(root); w.put(shape); w.put(rank_rows);
-    w.put(active_ranks); w.put(last_joined_rank); w.put(error); w.put(error_message);
-    w.put(error_ranks);
+  template <class Self>
+  static auto tie_fields(Self& s) {
+    return std::tie(s.kind, s.names, s.numels, s.dtype, s.device, s.reduce_op, s.prescale,
+                    s.postscale, s.root, s.shape, s.rank_rows, s.active_ranks, s.last_joined_rank,
+                    s.error, s.error_message, s.error_ranks);
   }
-  void read(WireReader& r) {
-    r.get(kind); r.get(names); r.get(numels); r.get(dtype); r.get(device); r.get(reduce_op);
-    r.get(prescale); r.get(postscale); r.get(root); r.get(shape); r.get(rank_rows);
-    r.get(active_ranks); r.get(last_joined_rank); r.get(error); r.get(error_message);
-    r.get(error_ranks);
-  }
+  friend bool operator==(const Response&, const Response&) = default;
 };
 
 // Rank -> coordinator.
@@ -132,23 +128,22 @@ struct RequestMessage {
   std::vector<std::uint64_t> cached;     // response-cache ids standing for full descriptions
   bool shutdown = false;                 // this rank called dtrain::shutdown()
 
-  void write(WireWriter& w) const {
-    w.put(rank); w.put(responses_applied); w.put(static_cast<std::uint32_t>(requests.size()));
-    for (const auto& q : requests) q.write(w);
-    w.put(cached); w.put(shutdown);
+  template <class Self>
+  static auto tie_fields(Self& m) {
+    return std::tie(m.rank, m.responses_applied, m.requests, m.cached, m.shutdown);
   }
-  void read(WireReader& r) {
-    std::uint32_t n = 0;
-    r.get(rank); r.get(responses_applied); r.get(n);
-    requests.resize(n);
-    for (auto& q : requests) q.read(r);
-    r.get(cached); r.get(shutdown);
-  }
+  friend bool operator==(const RequestMessage&, const RequestMessage&) = default;
 };
 
 struct CacheInsert {
   std::uint64_t id = 0;
   std::string name;
+
+  template <class Self>
+  static auto tie_fields(Self& c) {
+    return std::tie(c.id, c.name);
+  }
+  friend bool operator==(const CacheInsert&, const CacheInsert&) = default;
 };
 
 // Settings the autotuner changes on every rank at the same message (Note [Configuration
@@ -158,6 +153,7 @@ struct TunedSettings {
   std::uint64_t generation = 0;  // 0: no change in this message
   bool fusion_pipeline = true;
   bool hierarchical_allreduce = false;
+  friend bool operator==(const TunedSettings&, const TunedSettings&) = default;
 };
 
 // Coordinator -> every rank.
@@ -170,38 +166,26 @@ struct ResponseMessage {
   bool shutdown_complete = false;           // every rank called shutdown: engines exit
   TunedSettings tuned;                      // applied before the responses
 
-  void write(WireWriter& w) const {
-    w.put(seq); w.put(static_cast<std::uint32_t>(responses.size()));
-    for (const auto& s : responses) s.write(w);
-    w.put(static_cast<std::uint32_t>(cache_inserts.size()));
-    for (const auto& c : cache_inserts) { w.put(c.id); w.put(c.name); }
-    w.put(cache_evictions); w.put(fatal); w.put(shutdown_complete); w.put(tuned);
+  template <class Self>
+  static auto tie_fields(Self& m) {
+    return std::tie(m.seq, m.responses, m.cache_inserts, m.cache_evictions, m.fatal,
+                    m.shutdown_complete, m.tuned);
   }
-  void read(WireReader& r) {
-    std::uint32_t n = 0;
-    r.get(seq); r.get(n);
-    responses.resize(n);
-    for (auto& s : responses) s.read(r);
-    r.get(n);
-    cache_inserts.resize(n);
-    for (auto& c : cache_inserts) { r.get(c.id); r.get(c.name); }
-    r.get(cache_evictions); r.get(fatal); r.get(shutdown_complete); r.get(tuned);
-  }
+  friend bool operator==(const ResponseMessage&, const ResponseMessage&) = default;
 };
 
 template <class M>
 std::vector<char> encode(const M& m) {
-  std::vector<char> out;
-  WireWriter w(out);
-  m.write(w);
-  return out;
+  return serialize_object(m);
 }
 template <class M>
 M decode(const std::vector<char>& bytes) {
-  M m;
-  WireReader r(bytes.data(), bytes.size());
-  m.read(r);
-  return m;
+  try {
+    return deserialize_object<M>(bytes.data(), bytes.size());
+  } catch (const InvalidArgumentError&) {
+    throw Error("dtrain: internal error: a control message does not decode (ranks running "
+                "different dtrain versions?)");
+  }
 }
 
 }  // namespace dtrain::detail

@@ -214,8 +214,10 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
 // wait in the PMI barrier at the end of MPI_Finalize. Measured on two network-namespace hosts
 // (tests/launcher/multihost_netns.py), with MPI_Finalize straight after shutdown 7 of 8 jobs hung;
 // with a barrier first 4 of 10 (its own last message is the one in flight); with a barrier and
-// a 20 ms pause 0 of 10. So when dtrain finalizes MPI for a job that spans hosts, every rank
-// waits for the others and lets the last messages land first: 20 ms once per job.
+// a 20 ms pause 0 of 10. So when dtrain finalizes MPI, every rank waits for the others and lets
+// the last messages land first: 20 ms once per process. Not only for jobs that span hosts: which
+// transport MPI uses between two ranks is its own choice (MPIR_CVAR_NOLOCAL=1 sends ranks on one
+// host over TCP too), and the pause is cheap next to a job's start.
 inline void settle_before_finalize(MPI_Comm world) {
   if (MPI_Barrier(world) != MPI_SUCCESS) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -243,8 +245,7 @@ inline void shutdown_impl(bool inside_mpi_finalize) {
     return;
   }
   rt->engine->release_communicators();  // now: another thread may still hold the engine
-  if (outcome == Outcome::clean && rt->owns_mpi && !inside_mpi_finalize &&
-      rt->topology.cross_size > 1)
+  if (outcome == Outcome::clean && rt->owns_mpi && !inside_mpi_finalize && rt->topology.size > 1)
     settle_before_finalize(rt->world);
   rt->topology.free_comms();
   MPI_Comm_free(&rt->world);

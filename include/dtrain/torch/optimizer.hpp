@@ -33,6 +33,7 @@
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/broadcast_parameters.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
+#include "dtrain/train/step_gate.hpp"
 
 namespace dtrain {
 
@@ -118,7 +119,7 @@ class DistributedOptimizer<Opt> {
   DistributedOptimizer(Opt& optimizer,
                        const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
                        DistributedOptimizerOptions options = {})
-      : opt_(&optimizer), options_(std::move(options)) {
+      : opt_(&optimizer), options_(std::move(options)), gate_(options_.backward_passes_per_step) {
     detail::validate(options_);
     prefix_ = detail::optimizer_group_name(options_.name);
     std::map<const void*, std::string> name_of;
@@ -152,7 +153,7 @@ class DistributedOptimizer<Opt> {
   // Without names: parameters are named by their position in the optimizer's groups, which must
   // then be built in the same order on every rank.
   explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
-      : opt_(&optimizer), options_(std::move(options)) {
+      : opt_(&optimizer), options_(std::move(options)), gate_(options_.backward_passes_per_step) {
     detail::validate(options_);
     prefix_ = detail::optimizer_group_name(options_.name);
     std::vector<std::pair<torch::Tensor*, std::string>> resolved;
@@ -182,11 +183,7 @@ class DistributedOptimizer<Opt> {
 
   // Call after every backward pass; see Note [Gradient accumulation]. Returns true if it stepped.
   bool step() {
-    if (++passes_ % options_.backward_passes_per_step != 0) return false;
-    if (!skip_next_) synchronize();
-    skip_next_ = false;
-    opt_->step();
-    return true;
+    return gate_.step([&] { synchronize(); }, [&] { opt_->step(); });
   }
 
   // Completes the allreduce of every gradient now (submitting those whose hook did not fire).
@@ -205,17 +202,10 @@ class DistributedOptimizer<Opt> {
     opt_->zero_grad();
   }
 
-  class SkipSynchronize {
-   public:
-    explicit SkipSynchronize(DistributedOptimizer& o) : o_(&o) { o_->skip_next_ = true; }
-    SkipSynchronize(const SkipSynchronize&) = delete;
-    SkipSynchronize& operator=(const SkipSynchronize&) = delete;
-    ~SkipSynchronize() { o_->skip_next_ = false; }
-
-   private:
-    DistributedOptimizer* o_;
-  };
-  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
+  // Within the returned scope, the next step() uses the gradients as they are (already
+  // synchronized by an explicit synchronize() call) instead of allreducing again.
+  using SkipSynchronize = detail::StepGate::SkipScope;
+  [[nodiscard]] SkipSynchronize skip_synchronize() { return gate_.skip_synchronize(); }
 
   Opt& optimizer() noexcept { return *opt_; }
   const DistributedOptimizerOptions& options() const noexcept { return options_; }
@@ -316,9 +306,8 @@ class DistributedOptimizer<Opt> {
   Opt* opt_;
   DistributedOptimizerOptions options_;
   std::string prefix_;
+  detail::StepGate gate_;
   std::vector<std::unique_ptr<Slot>> slots_;
-  std::int64_t passes_ = 0;
-  bool skip_next_ = false;
 };
 
 // Class template argument deduction does not see a partial specialization's constructors.

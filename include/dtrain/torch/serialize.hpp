@@ -41,7 +41,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/core/error.hpp"
-#include "dtrain/train/serialize.hpp"
+#include "dtrain/core/serialize.hpp"
 
 namespace dtrain {
 namespace detail {

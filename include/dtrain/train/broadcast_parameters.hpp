@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <ranges>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,22 @@ struct ParamDescriptor {
   DataType dtype;
   std::vector<std::int64_t> shape;
   friend bool operator==(const ParamDescriptor&, const ParamDescriptor&) = default;
+
+  template <class Self>
+  static auto tie_fields(Self& d) {
+    return std::tie(d.name, d.dtype, d.shape);
+  }
+};
+
+// What each rank contributes to the check below.
+struct ParameterList {
+  std::string error;  // a problem the rank found in its own list
+  std::vector<ParamDescriptor> parameters;
+
+  template <class Self>
+  static auto tie_fields(Self& l) {
+    return std::tie(l.error, l.parameters);
+  }
 };
 
 inline std::string describe_param(const ParamDescriptor& d) {
@@ -34,25 +51,20 @@ inline std::string describe_param(const ParamDescriptor& d) {
 // waiting forever in a broadcast the failing rank never submits.
 inline void check_same_parameters(const std::vector<ParamDescriptor>& mine, int root_rank,
                                   std::string_view what, std::string local_error = {}) {
-  using Wire = std::vector<std::pair<std::string, std::pair<std::uint8_t, std::vector<std::int64_t>>>>;
   const int world = size();
   if (local_error.empty() && (root_rank < 0 || root_rank >= world))
     local_error = fmt::format("root_rank {} is not a rank of this world of size {}", root_rank, world);
-  std::pair<std::string, Wire> message{std::move(local_error), {}};
-  for (const auto& d : mine)
-    message.second.push_back({d.name, {static_cast<std::uint8_t>(d.dtype), d.shape}});
-  const auto all = allgather_object(message, fmt::format("{}.check", what));
+  const auto all = allgather_object(ParameterList{std::move(local_error), mine},
+                                    fmt::format("{}.check", what));
   for (std::size_t r = 0; r < all.size(); ++r)
-    if (!all[r].first.empty())
-      throw InvalidArgumentError(fmt::format("dtrain: {}: on rank {}: {}", what, r, all[r].first));
-  const Wire& ref = all[static_cast<std::size_t>(root_rank)].second;
-  auto show = [](const Wire& w, std::size_t i) {
-    if (i >= w.size()) return std::string("no parameter");
-    const auto& t = w[i];
-    return describe_param({t.first, static_cast<DataType>(t.second.first), t.second.second});
+    if (!all[r].error.empty())
+      throw InvalidArgumentError(fmt::format("dtrain: {}: on rank {}: {}", what, r, all[r].error));
+  const auto& ref = all[static_cast<std::size_t>(root_rank)].parameters;
+  auto show = [](const std::vector<ParamDescriptor>& list, std::size_t i) {
+    return i < list.size() ? describe_param(list[i]) : std::string("no parameter");
   };
   for (std::size_t r = 0; r < all.size(); ++r) {
-    const Wire& other = all[r].second;
+    const auto& other = all[r].parameters;
     std::size_t i = 0;
     while (i < ref.size() && i < other.size() && other[i] == ref[i]) ++i;
     if (i == ref.size() && i == other.size()) continue;

@@ -67,7 +67,7 @@
 #include "dtrain/train/checkpoint_format.hpp"
 #include "dtrain/train/crc32c.hpp"
 #include "dtrain/train/objects.hpp"
-#include "dtrain/train/serialize.hpp"
+#include "dtrain/core/serialize.hpp"
 
 namespace dtrain {
 

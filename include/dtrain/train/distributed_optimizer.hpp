@@ -29,6 +29,7 @@
 
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/train/compression.hpp"
+#include "dtrain/train/step_gate.hpp"
 
 namespace dtrain {
 
@@ -100,7 +101,7 @@ template <class Opt>
 class DistributedOptimizer {
  public:
   explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
-      : opt_(&optimizer), options_(std::move(options)) {
+      : opt_(&optimizer), options_(std::move(options)), gate_(options_.backward_passes_per_step) {
     static_assert(Optimizer<Opt>,
                   "dtrain: DistributedOptimizer needs dtrain::optimizer_traits<Opt> (step and "
                   "gradients; see Note [Optimizer customization point]) — or include "
@@ -112,11 +113,7 @@ class DistributedOptimizer {
   // Counts one backward pass; every backward_passes_per_step-th call allreduces the gradients
   // (unless synchronize() already did, see skip_synchronize) and steps. Returns true if it stepped.
   bool step() {
-    if (++passes_ % options_.backward_passes_per_step != 0) return false;
-    if (!skip_next_) synchronize();
-    skip_next_ = false;
-    optimizer_traits<Opt>::step(*opt_);
-    return true;
+    return gate_.step([&] { synchronize(); }, [&] { optimizer_traits<Opt>::step(*opt_); });
   }
 
   // Allreduces the gradients now (blocking), e.g. to clip them before step().
@@ -135,17 +132,8 @@ class DistributedOptimizer {
 
   // Within the returned scope, the next step() uses the gradients as they are (already
   // synchronized by an explicit synchronize() call) instead of allreducing again.
-  class SkipSynchronize {
-   public:
-    explicit SkipSynchronize(DistributedOptimizer& o) : o_(&o) { o_->skip_next_ = true; }
-    SkipSynchronize(const SkipSynchronize&) = delete;
-    SkipSynchronize& operator=(const SkipSynchronize&) = delete;
-    ~SkipSynchronize() { o_->skip_next_ = false; }
-
-   private:
-    DistributedOptimizer* o_;
-  };
-  [[nodiscard]] SkipSynchronize skip_synchronize() { return SkipSynchronize(*this); }
+  using SkipSynchronize = detail::StepGate::SkipScope;
+  [[nodiscard]] SkipSynchronize skip_synchronize() { return gate_.skip_synchronize(); }
 
   Opt& optimizer() noexcept { return *opt_; }
   const DistributedOptimizerOptions& options() const noexcept { return options_; }
@@ -154,8 +142,7 @@ class DistributedOptimizer {
   Opt* opt_;
   DistributedOptimizerOptions options_;
   std::string group_;
-  std::int64_t passes_ = 0;
-  bool skip_next_ = false;
+  detail::StepGate gate_;
   detail::GradientCompressor compressor_;
 };
 

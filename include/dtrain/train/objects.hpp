@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "dtrain/runtime/collectives.hpp"
-#include "dtrain/train/serialize.hpp"
+#include "dtrain/core/serialize.hpp"
 
 namespace dtrain {
 namespace detail {

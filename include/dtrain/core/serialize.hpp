@@ -1,19 +1,23 @@
 #pragma once
-// Serialization for broadcast_object / allgather_object.
+// dtrain's one serializer: broadcast_object / allgather_object, checkpoints, and the engine's own
+// control messages.
 //
 // Note [Object serialization]
 // Supported out of the box: trivially copyable types (copied as bytes: every rank runs the same
 // binary on the same architecture), std::string, std::vector, std::map, std::unordered_map,
-// std::pair and std::optional of supported types. Any other type opts in with two functions found
-// by argument-dependent lookup:
+// std::pair, std::tuple and std::optional of supported types. Any other type opts in with two
+// functions found by argument-dependent lookup:
 //   void dtrain_serialize(dtrain::ObjectWriter&, const T&);
 //   void dtrain_deserialize(dtrain::ObjectReader&, T&);
-// that call write()/read() on the members.
+// that call write()/read() on the members; or, for a plain struct, with one static member
+//   template <class Self> static auto tie_fields(Self& s) { return std::tie(s.a, s.b); }
+// that names its fields once, for writing and reading alike.
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <unordered_map>
 #include <utility>
@@ -42,13 +46,21 @@ template <class T> struct is_pair : std::false_type {};
 template <class A, class B> struct is_pair<std::pair<A, B>> : std::true_type {};
 template <class T> struct is_optional : std::false_type {};
 template <class T> struct is_optional<std::optional<T>> : std::true_type {};
+template <class T> struct is_tuple : std::false_type {};
+template <class... Ts> struct is_tuple<std::tuple<Ts...>> : std::true_type {};
+template <class T>
+concept HasTiedFields = requires(T& m, const T& c) {
+  T::tie_fields(m);
+  T::tie_fields(c);
+};
 }  // namespace detail
 
 template <class T>
 concept Serializable =
     detail::HasUserSerialize<T> || std::is_trivially_copyable_v<T> ||
     std::is_same_v<T, std::string> || detail::is_vector<T>::value || detail::is_map<T>::value ||
-    detail::is_pair<T>::value || detail::is_optional<T>::value;
+    detail::is_pair<T>::value || detail::is_optional<T>::value || detail::is_tuple<T>::value ||
+    detail::HasTiedFields<T>;
 
 class ObjectWriter {
  public:
@@ -56,6 +68,10 @@ class ObjectWriter {
   void write(const T& v) {
     if constexpr (detail::HasUserSerialize<T>) {
       dtrain_serialize(*this, v);
+    } else if constexpr (detail::HasTiedFields<T>) {
+      write(T::tie_fields(v));
+    } else if constexpr (detail::is_tuple<T>::value) {
+      std::apply([this](const auto&... x) { (write(x), ...); }, v);
     } else if constexpr (std::is_same_v<T, std::string>) {
       write(static_cast<std::uint64_t>(v.size()));
       bytes_.insert(bytes_.end(), v.begin(), v.end());
@@ -88,7 +104,7 @@ class ObjectWriter {
                     "dtrain: this type cannot be serialized for broadcast_object/allgather_object: "
                     "define dtrain_serialize(dtrain::ObjectWriter&, const T&) and "
                     "dtrain_deserialize(dtrain::ObjectReader&, T&) next to it "
-                    "(see Note [Object serialization] in <dtrain/train/serialize.hpp>)");
+                    "(see Note [Object serialization] in <dtrain/core/serialize.hpp>)");
     }
   }
   std::vector<char>& bytes() noexcept { return bytes_; }
@@ -104,6 +120,10 @@ class ObjectReader {
   void read(T& v) {
     if constexpr (detail::HasUserSerialize<T>) {
       dtrain_deserialize(*this, v);
+    } else if constexpr (detail::HasTiedFields<T>) {
+      read(T::tie_fields(v));
+    } else if constexpr (detail::is_tuple<T>::value) {
+      std::apply([this](auto&... x) { (read(x), ...); }, v);
     } else if constexpr (std::is_same_v<T, std::string>) {
       const auto n = count();
       need(n);
@@ -113,6 +133,7 @@ class ObjectReader {
       using E = typename T::value_type;
       const auto n = count();
       if constexpr (std::is_trivially_copyable_v<E> && !std::is_same_v<E, bool>) {
+        if (n > static_cast<std::uint64_t>(end_ - p_) / sizeof(E)) need(end_ - p_ + 1);
         need(n * sizeof(E));
         v.resize(n);
         std::memcpy(v.data(), p_, n * sizeof(E));
@@ -154,6 +175,10 @@ class ObjectReader {
       std::memcpy(&v, p_, sizeof(T));
       p_ += sizeof(T);
     }
+  }
+  template <class... Ts>
+  void read(std::tuple<Ts&...>&& fields) {
+    std::apply([this](auto&... x) { (read(x), ...); }, fields);
   }
   bool done() const noexcept { return p_ == end_; }
 
