@@ -2,10 +2,7 @@
 
 #include "test_helpers.hpp"  // first: see Note [glog's CHECK]
 
-#include <sys/wait.h>
-
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -14,6 +11,7 @@
 #include "file_writers.hpp"
 #include "models.hpp"
 #include "support/parameter_drift.hpp"
+#include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 
 #if !defined(RESNET_TRAIN_EXECUTABLE) || !defined(RESNET_MPIEXEC)
@@ -26,29 +24,14 @@ using namespace resnet::test;
 using namespace dtrain::test;
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
 // Runs the trainer as one process (ranks = 0: without a launcher) or under mpiexec.
-Result train(const std::vector<std::string>& args, int ranks = 0) {
+CommandResult train(const std::vector<std::string>& args, int ranks = 0) {
   std::string command = "'" RESNET_TRAIN_EXECUTABLE "'";
   if (ranks > 0) {
     command = RESNET_MPIEXEC " " + std::to_string(ranks) + " " RESNET_MPIEXEC_FLAGS " " + command;
   }
   for (const auto& arg : args) command += " '" + arg + "'";
-  command += " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  while (const auto n = std::fread(buffer.data(), 1, buffer.size(), pipe)) {
-    result.output.append(buffer.data(), n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return run_command(command);
 }
 
 struct EpochLine {

@@ -4,7 +4,6 @@
 #include "torch_test.hpp"  // first: see its note
 
 #include <stb_image_write.h>
-#include <sys/wait.h>
 
 #include <array>
 #include <cmath>
@@ -16,37 +15,28 @@
 #include "shapes.hpp"
 #include "support/messages.hpp"
 #include "support/parameter_drift.hpp"
+#include "support/run_command.hpp"
 #include "support/temp_dir.hpp"
 #include "trainer_paths.hpp"  // MASK_RCNN_TRAIN, MASK_RCNN_MPIEXEC, MASK_RCNN_SMOKE_DIR
 
 namespace {
 
 using namespace mask_rcnn;
+using dtrain::test::CommandResult;
 using dtrain::test::contains;
+using dtrain::test::run_command;
 using dtrain::test::TempDir;
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
 // Runs the trainer as one process (ranks = 0: without a launcher) or under mpiexec; `environment`
 // (NAME=value ...) goes before the command.
-Result run_trainer(const std::vector<std::string>& args, int ranks = 0, const std::string& environment = "") {
+CommandResult run_trainer(const std::vector<std::string>& args, int ranks = 0,
+                          const std::string& environment = "") {
   std::string command = "'" MASK_RCNN_TRAIN "'";
   if (ranks > 0) command = MASK_RCNN_MPIEXEC " " + std::to_string(ranks) + " " + command;
   if (!environment.empty()) command = "env " + environment + " " + command;
   for (const auto& arg : args) command += " '" + arg + "'";
-  command += " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  while (const auto n = std::fread(buffer.data(), 1, buffer.size(), pipe)) result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return run_command(command);
 }
 
 struct Progress {
