@@ -14,8 +14,9 @@ Usage: tools/install-deps.sh [--torch] [--browser] [--openmpi] [--dry-run]
 
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
+              nlohmann-json3-dev (the tests read JSON with it; dtrain itself does not need it)
               iproute2 (the launcher's two-host test across network namespaces)
-  --torch     python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev nlohmann-json3-dev
+  --torch     python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev
               (the libtorch integration, its tests, the Fashion-MNIST and Mask R-CNN examples;
               libtorch itself comes from PyPI's torch wheel, installed by tools/setup-libtorch.sh
               into a virtual environment of the project, never the system Python)
@@ -30,8 +31,8 @@ EOF
 }
 
 base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
-  iproute2)
-torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev nlohmann-json3-dev)
+  nlohmann-json3-dev iproute2)
+torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev)
 browser_packages=(chromium)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
 

@@ -3,18 +3,15 @@
 // so that parsing is cheap to test.
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/command_line.hpp"
+
 namespace mask_rcnn {
 
-// A flag the trainer does not accept, or a value it cannot use. The trainer prints the message and
-// the usage text and exits with status 2.
-class UsageError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
+// A flag the trainer does not accept, or a value it cannot use.
+using examples::UsageError;
 
 struct TrainOptions {
   std::string dataset = "shapes";  // shapes | coco

@@ -1,38 +1,11 @@
 #include "options.hpp"
 
 #include <algorithm>
-#include <charconv>
-#include <cmath>
-#include <functional>
 #include <limits>
 #include <map>
 #include <sstream>
-#include <system_error>
-#include <type_traits>
 
 namespace resnet {
-namespace {
-
-template <class T>
-T parse_number(const std::string& flag, const std::string& text) {
-  T value{};
-  const auto* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  if (ec != std::errc() || ptr != end || text.empty()) {
-    throw UsageError("--" + flag + ": '" + text + "' is not a valid " +
-                     (std::is_floating_point_v<T> ? "number" : "integer"));
-  }
-  if constexpr (std::is_floating_point_v<T>) {
-    if (!std::isfinite(value)) throw UsageError("--" + flag + ": '" + text + "' is not finite");
-  }
-  return value;
-}
-
-void require(bool ok, const std::string& flag, const std::string& what, const std::string& text) {
-  if (!ok) throw UsageError("--" + flag + " must be " + what + ", got " + text);
-}
-
-}  // namespace
 
 std::string usage(const std::string& program) {
   return "usage: " + program + R"( [options]
@@ -86,45 +59,16 @@ epoch and gradients are averaged before each step, so the global batch is N x --
 }
 
 TrainOptions parse_options(const std::vector<std::string>& args) {
+  using namespace examples;  // the setters of common/command_line.hpp
   TrainOptions o;
-  using Setter = std::function<void(const std::string& flag, const std::string& value)>;
-  auto integer = [](std::int64_t& field, std::int64_t minimum) {
-    return Setter([&field, minimum](const std::string& flag, const std::string& value) {
-      field = parse_number<std::int64_t>(flag, value);
-      require(field >= minimum, flag, ">= " + std::to_string(minimum), value);
-    });
-  };
-  auto real = [](double& field, double minimum, double below, std::string accepted) {
-    return Setter(
-        [&field, minimum, below, accepted](const std::string& flag, const std::string& value) {
-          field = parse_number<double>(flag, value);
-          require(field >= minimum && field < below, flag, accepted, value);
-        });
-  };
-  auto text = [](std::string& field) {
-    return Setter([&field](const std::string& flag, const std::string& value) {
-      require(!value.empty(), flag, "non-empty", "''");
-      field = value;
-    });
-  };
   const double huge = std::numeric_limits<double>::infinity();
   const std::map<std::string, Setter> with_value = {
       {"model", text(o.model)},
-      {"dataset",
-       [&o](const std::string& flag, const std::string& value) {
-         require(value == "fashion-mnist" || value == "cifar10" || value == "imagefolder" ||
-                     value == "synthetic",
-                 flag, "one of fashion-mnist, cifar10, imagefolder, synthetic", value);
-         o.dataset = value;
-       }},
+      {"dataset", one_of(o.dataset, {"fashion-mnist", "cifar10", "imagefolder", "synthetic"})},
       {"data-dir", text(o.data_dir)},
       {"epochs", integer(o.epochs, 1)},
       {"batch-size", integer(o.batch_size, 1)},
-      {"lr",
-       [&o](const std::string& flag, const std::string& value) {
-         o.lr = parse_number<double>(flag, value);
-         require(o.lr > 0, flag, "positive", value);
-       }},
+      {"lr", positive(o.lr)},
       {"momentum", real(o.momentum, 0.0, 1.0, "in [0, 1)")},
       {"weight-decay", real(o.weight_decay, 0.0, huge, ">= 0")},
       {"warmup-epochs", real(o.warmup_epochs, 0.0, huge, ">= 0")},
@@ -161,32 +105,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
                                                  {"quiet", &o.quiet},
                                                  {"help", &o.help}};
 
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
-      throw UsageError("unexpected argument '" + arg + "'; options start with --");
-    }
-    std::string flag = arg.substr(2);
-    std::string value;
-    bool has_value = false;
-    if (const auto eq = flag.find('='); eq != std::string::npos) {
-      value = flag.substr(eq + 1);
-      flag.resize(eq);
-      has_value = true;
-    }
-    if (const auto it = switches.find(flag); it != switches.end()) {
-      if (has_value) throw UsageError("--" + flag + " takes no value");
-      *it->second = true;
-    } else if (const auto setter = with_value.find(flag); setter != with_value.end()) {
-      if (!has_value) {
-        if (i + 1 >= args.size()) throw UsageError("--" + flag + " needs a value");
-        value = args[++i];
-      }
-      setter->second(flag, value);
-    } else {
-      throw UsageError("unknown option '--" + flag + "'");
-    }
-  }
+  examples::parse_flags(args, with_value, switches);
   if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every > 0)) {
     throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
                      " needs --checkpoint-dir: the folder that holds the checkpoints");
@@ -219,7 +138,7 @@ ThreadChoice choose_threads(std::int64_t requested, std::int64_t cores, std::int
 }
 
 TrainOptions parse_options(int argc, const char* const* argv) {
-  return parse_options(std::vector<std::string>(argv + (argc > 0 ? 1 : 0), argv + argc));
+  return parse_options(examples::arguments(argc, argv));
 }
 
 }  // namespace resnet

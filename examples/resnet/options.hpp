@@ -2,18 +2,15 @@
 // Command-line options of the ResNet trainer. Kept free of libtorch so parsing is cheap to test.
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "common/command_line.hpp"
+
 namespace resnet {
 
-// A flag the trainer does not accept, or a value it cannot use. The trainer prints the message and
-// the usage text and exits with status 2.
-class UsageError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
+// A flag the trainer does not accept, or a value it cannot use.
+using examples::UsageError;
 
 struct TrainOptions {
   std::string model = "resnet8";

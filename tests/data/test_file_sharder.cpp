@@ -5,13 +5,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "support/error_message.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -25,28 +24,6 @@ Files numbered(int n) {
 }
 
 using dtrain::test::message_of;
-
-// A fresh directory under the system temp dir, removed at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() /
-            ("dtrain-file-sharder-" + std::to_string(rd()) + "-" + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  void touch(const std::string& name) const { std::ofstream(path_ / name) << name; }
-
- private:
-  fs::path path_;
-};
 
 }  // namespace
 
@@ -126,10 +103,10 @@ TEST_CASE("glob_match") {
 }
 
 TEST_CASE("directory listing: regular files matching the pattern, sorted by name") {
-  TempDir dir;
+  dtrain::test::TempDir dir("dtrain-file-sharder-");
   // Created out of order so the test fails if the listing relies on creation order.
   for (const char* name : {"c.rec", "a.rec", "notes.txt", "b.rec", "d.rec.partial"}) {
-    dir.touch(name);
+    dtrain::test::write_text(dir / name, name);
   }
   fs::create_directory(dir.path() / "e.rec");  // a directory, not a file
   const Files listed = dtrain::list_files(dir.path(), "*.rec");
@@ -148,8 +125,8 @@ TEST_CASE("directory listing: regular files matching the pattern, sorted by name
 }
 
 TEST_CASE("directory errors name the directory and the pattern") {
-  TempDir dir;
-  dir.touch("only.txt");
+  dtrain::test::TempDir dir("dtrain-file-sharder-");
+  dtrain::test::write_text(dir / "only.txt", "only.txt");
   auto m = message_of([&] { dtrain::shard_files(dir.path(), "*.rec", {.parts = 2, .part = 0}); });
   CHECK(m.find("*.rec") != std::string::npos);
   CHECK(m.find(dir.path().string()) != std::string::npos);

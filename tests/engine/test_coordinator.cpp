@@ -76,6 +76,20 @@ void submit_all(Coordinator& c, const Request& q, Clock::time_point t, int size 
   for (int r = 0; r < size; ++r) c.on_message(message(r, {q}), t);
 }
 
+// Rank r submits per_rank[r], one message each, in rank order.
+void submit_each(Coordinator& c, const std::vector<Request>& per_rank, Clock::time_point t) {
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    c.on_message(message(static_cast<int>(r), {per_rank[r]}), t);
+}
+
+// The one response that a poll at `t` must give.
+Response sole_response(Coordinator& c, Clock::time_point t) {
+  auto out = c.poll(t);
+  REQUIRE(out.has_value());
+  REQUIRE(out->responses.size() == 1);
+  return out->responses[0];
+}
+
 std::vector<std::string> all_names(const ResponseMessage& m) {
   std::vector<std::string> out;
   for (const auto& s : m.responses) out.insert(out.end(), s.names.begin(), s.names.end());
@@ -99,10 +113,7 @@ TEST_CASE("an op is ready only when every rank has submitted it") {
   CHECK_FALSE(c.poll(t0 + 1h).has_value());
   CHECK(c.has_pending());
   c.on_message(message(1, {tensor("a")}), t0 + 1ms);
-  auto out = c.poll(t0 + 1ms);
-  REQUIRE(out.has_value());
-  REQUIRE(out->responses.size() == 1);
-  const Response& s = out->responses[0];
+  const Response s = sole_response(c, t0 + 1ms);
   CHECK(s.kind == OpKind::allreduce);
   CHECK(s.names == std::vector<std::string>{"a"});
   CHECK(s.numels == std::vector<std::int64_t>{4});
@@ -167,9 +178,7 @@ TEST_CASE("a disagreement on any field fails the op on every rank, naming tensor
   for (const Case& k : cases) {
     CAPTURE(k.field);
     Coordinator c(options());
-    c.on_message(message(0, {base}), t0);
-    c.on_message(message(1, {base}), t0);
-    c.on_message(message(2, {k.odd}), t0);
+    submit_each(c, {base, base, k.odd}, t0);
     auto out = c.poll(t0);
     REQUIRE(out.has_value());
     REQUIRE(out->responses.size() == 1);
@@ -191,14 +200,10 @@ TEST_CASE("a disagreement on any field fails the op on every rank, naming tensor
     Coordinator c(options());
     Request odd = bcast;
     odd.root = 1;
-    c.on_message(message(0, {bcast}), t0);
-    c.on_message(message(1, {odd}), t0);
-    c.on_message(message(2, {bcast}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].error == ErrorKind::mismatch);
-    const std::string& m = out->responses[0].error_message;
+    submit_each(c, {bcast, odd, bcast}, t0);
+    const Response s = sole_response(c, t0);
+    CHECK(s.error == ErrorKind::mismatch);
+    const std::string& m = s.error_message;
     CAPTURE(m);
     CHECK(contains(m, "root rank"));
     CHECK(contains(m, "broadcast 'grad/w'"));
@@ -208,14 +213,12 @@ TEST_CASE("a disagreement on any field fails the op on every rank, naming tensor
 
   SUBCASE("trailing dimensions of an allgather (dim 0 may differ)") {
     Coordinator c(options());
-    c.on_message(message(0, {of_kind("g", OpKind::allgather, {1, 3})}), t0);
-    c.on_message(message(1, {of_kind("g", OpKind::allgather, {5, 3})}), t0);
-    c.on_message(message(2, {of_kind("g", OpKind::allgather, {2, 4})}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].error == ErrorKind::mismatch);
-    const std::string& m = out->responses[0].error_message;
+    submit_each(c, {of_kind("g", OpKind::allgather, {1, 3}), of_kind("g", OpKind::allgather, {5, 3}),
+                    of_kind("g", OpKind::allgather, {2, 4})},
+                t0);
+    const Response s = sole_response(c, t0);
+    CHECK(s.error == ErrorKind::mismatch);
+    const std::string& m = s.error_message;
     CAPTURE(m);
     CHECK(contains(m, "[3] on ranks [0, 1]"));
     CHECK(contains(m, "[4] on ranks [2]"));
@@ -223,14 +226,12 @@ TEST_CASE("a disagreement on any field fails the op on every rank, naming tensor
 
   SUBCASE("allgather with different dim 0 is not a mismatch") {
     Coordinator c(options());
-    c.on_message(message(0, {of_kind("g", OpKind::allgather, {1, 3})}), t0);
-    c.on_message(message(1, {of_kind("g", OpKind::allgather, {5, 3})}), t0);
-    c.on_message(message(2, {of_kind("g", OpKind::allgather, {0, 3})}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].error == ErrorKind::none);
-    CHECK(out->responses[0].rank_rows == std::vector<std::int64_t>{1, 5, 0});
+    submit_each(c, {of_kind("g", OpKind::allgather, {1, 3}), of_kind("g", OpKind::allgather, {5, 3}),
+                    of_kind("g", OpKind::allgather, {0, 3})},
+                t0);
+    const Response s = sole_response(c, t0);
+    CHECK(s.error == ErrorKind::none);
+    CHECK(s.rank_rows == std::vector<std::int64_t>{1, 5, 0});
   }
 
   SUBCASE("a grouped op that one rank submits outside a group fails on every member") {
@@ -326,12 +327,10 @@ TEST_CASE("fusion") {
     a.postscale = b.postscale = 4;
     submit_all(c, a, t0);
     submit_all(c, b, t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].names == std::vector<std::string>{"a", "b"});
-    CHECK(out->responses[0].prescale == 0.25);
-    CHECK(out->responses[0].postscale == 4);
+    const Response s = sole_response(c, t0);
+    CHECK(s.names == std::vector<std::string>{"a", "b"});
+    CHECK(s.prescale == 0.25);
+    CHECK(s.postscale == 4);
   }
 }
 
@@ -364,10 +363,8 @@ TEST_CASE("batching") {
     CHECK_FALSE(c.poll(t0 + 1ms).has_value());
     c.on_message(message(1, {tensor("b")}), t0 + 2ms);
     c.on_message(message(2, {tensor("b")}), t0 + 2ms);
-    auto out = c.poll(t0 + 2ms);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].names == std::vector<std::string>{"a", "b"});
+    const Response s = sole_response(c, t0 + 2ms);
+    CHECK(s.names == std::vector<std::string>{"a", "b"});
   }
   SUBCASE("the window closes early once ready ops fill the fusion buffer") {
     CoordinatorOptions small = o;
@@ -509,10 +506,7 @@ TEST_CASE("join") {
     q.reduce_op = ReduceOp::Average;
     c.on_message(message(0, {q}), t0);
     c.on_message(message(2, {q}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    const Response& s = out->responses[0];
+    const Response s = sole_response(c, t0);
     CHECK(s.error == ErrorKind::none);
     CHECK(s.active_ranks == 2);
     CHECK(effective_op(s) == ReduceOp::Sum);
@@ -544,11 +538,9 @@ TEST_CASE("join") {
     c.on_message(join_message(0), t0);
     c.on_message(message(1, {of_kind("g", OpKind::allgather, {2, 3})}), t0);
     c.on_message(message(2, {of_kind("g", OpKind::allgather, {1, 3})}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].error == ErrorKind::none);
-    CHECK(out->responses[0].rank_rows == std::vector<std::int64_t>{0, 2, 1});
+    const Response s = sole_response(c, t0);
+    CHECK(s.error == ErrorKind::none);
+    CHECK(s.rank_rows == std::vector<std::int64_t>{0, 2, 1});
   }
   SUBCASE("alltoall and reducescatter with a joined rank fail, naming the joined ranks") {
     for (OpKind kind : {OpKind::alltoall, OpKind::reducescatter}) {
@@ -557,12 +549,10 @@ TEST_CASE("join") {
       c.on_message(join_message(1), t0);
       c.on_message(message(0, {of_kind("x", kind)}), t0);
       c.on_message(message(2, {of_kind("x", kind)}), t0);
-      auto out = c.poll(t0);
-      REQUIRE(out);
-      REQUIRE(out->responses.size() == 1);
-      CHECK(out->responses[0].error == ErrorKind::invalid_argument);
-      CHECK(out->responses[0].names == std::vector<std::string>{"x"});
-      CHECK(contains(out->responses[0].error_message, "ranks [1] have joined"));
+      const Response s = sole_response(c, t0);
+      CHECK(s.error == ErrorKind::invalid_argument);
+      CHECK(s.names == std::vector<std::string>{"x"});
+      CHECK(contains(s.error_message, "ranks [1] have joined"));
     }
   }
   SUBCASE("broadcast from a joined root fails") {
@@ -572,11 +562,9 @@ TEST_CASE("join") {
     q.root = 0;
     c.on_message(message(1, {q}), t0);
     c.on_message(message(2, {q}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].error == ErrorKind::invalid_argument);
-    CHECK(contains(out->responses[0].error_message, "root rank 0"));
+    const Response s = sole_response(c, t0);
+    CHECK(s.error == ErrorKind::invalid_argument);
+    CHECK(contains(s.error_message, "root rank 0"));
   }
   SUBCASE("once every rank has joined, a join response names the last one and the world is whole") {
     Coordinator c(options());
@@ -585,11 +573,9 @@ TEST_CASE("join") {
     c.on_message(join_message(0), t0);
     CHECK_FALSE(c.poll(t0).has_value());
     c.on_message(join_message(1), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    CHECK(out->responses[0].kind == OpKind::join);
-    CHECK(out->responses[0].last_joined_rank == 1);
+    const Response s = sole_response(c, t0);
+    CHECK(s.kind == OpKind::join);
+    CHECK(s.last_joined_rank == 1);
     // Joins are over: an op needs every rank again.
     c.on_message(message(0, {tensor("after")}), t0);
     c.on_message(message(1, {tensor("after")}), t0);
@@ -642,9 +628,7 @@ TEST_CASE("stall inspector") {
   SUBCASE("after the shutdown time every rank is told to stop, with the report") {
     o.stall_shutdown_time_seconds = 2;
     Coordinator c(o, hooks);
-    c.on_message(message(0, {tensor("x")}), t0);
-    c.on_message(message(1, {tensor("x")}), t0);
-    c.on_message(message(2, {tensor("y")}), t0);
+    submit_each(c, {tensor("x"), tensor("x"), tensor("y")}, t0);
     auto early = c.poll(t0 + 1s);
     CHECK_FALSE(early.has_value());
     auto out = c.poll(t0 + 2s);
@@ -675,10 +659,7 @@ TEST_CASE("shutdown") {
     CHECK_FALSE(out->shutdown_complete);
     // Later submissions that need rank 2 fail too.
     c.on_message(message(0, {tensor("b")}), t0);
-    auto later = c.poll(t0);
-    REQUIRE(later);
-    REQUIRE(later->responses.size() == 1);
-    CHECK(later->responses[0].error == ErrorKind::shutdown);
+    CHECK(sole_response(c, t0).error == ErrorKind::shutdown);
   }
   SUBCASE("shutdown completes once every rank has shut down, and is announced once") {
     Coordinator c(options());
@@ -700,10 +681,7 @@ TEST_CASE("a rank that rejects its own call fails the op on every rank at once")
     Coordinator c(options());
     c.on_message(message(0, {tensor("w")}), t0);
     c.on_message(message(1, {bad}), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    const Response& s = out->responses[0];
+    const Response s = sole_response(c, t0);
     CHECK(s.names == std::vector<std::string>{"w"});
     CHECK(s.error == ErrorKind::invalid_argument);
     CAPTURE(s.error_message);
@@ -857,10 +835,8 @@ TEST_CASE("join cannot strand the joined ranks") {
     c.on_message(join_message(1), t0);
     CHECK_FALSE(c.poll(t0).has_value());
     c.on_message(shutdown_message(2), t0);
-    auto out = c.poll(t0);
-    REQUIRE(out);
-    REQUIRE(out->responses.size() == 1);
-    const Response& j = out->responses[0];
+    const Response s = sole_response(c, t0);
+    const Response& j = s;
     CHECK(j.kind == OpKind::join);
     CHECK(j.error == ErrorKind::shutdown);
     CAPTURE(j.error_message);

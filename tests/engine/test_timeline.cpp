@@ -8,14 +8,14 @@
 #include <set>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "engine_test.hpp"
-#include "json.hpp"
 
 namespace {
 
 using namespace dtrain;
-using dtrain::test::Json;
-using dtrain::test::JsonReader;
+using nlohmann::json;
 
 // A per-test path that every rank agrees on (only rank 0 writes it).
 std::filesystem::path timeline_path(const std::string& tag) {
@@ -32,9 +32,19 @@ std::string read_file(const std::filesystem::path& p) {
   return ss.str();
 }
 
+// A field of an event: empty, or -1, when it is absent or of another type.
+std::string text_of(const json& e, const char* key) {
+  const auto it = e.find(key);
+  return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+double number_of(const json& e, const char* key) {
+  const auto it = e.find(key);
+  return it != e.end() && it->is_number() ? it->get<double>() : -1;
+}
+
 // The events of a timeline, by tensor row.
 struct Trace {
-  Json root;
+  json root;
   std::map<std::string, std::multiset<std::string>> phases;  // tensor -> event names on its row
   std::multiset<std::string> global;                          // events not on a tensor row
   std::string last_event;
@@ -43,32 +53,33 @@ struct Trace {
 
 Trace load(const std::filesystem::path& p) {
   Trace t;
-  t.root = JsonReader::parse(read_file(p));
-  REQUIRE(t.root.kind == Json::Kind::array);
+  t.root = json::parse(read_file(p));
+  REQUIRE(t.root.is_array());
   std::map<double, std::string> rows;
-  for (const Json& e : t.root.array) {
-    if (e.kind != Json::Kind::object || e.str("name").empty() || e.str("ph").empty() ||
-        e.num("pid") < 0 || e.num("tid") < 0) {
+  for (const json& e : t.root) {
+    if (!e.is_object() || text_of(e, "name").empty() || text_of(e, "ph").empty() ||
+        number_of(e, "pid") < 0 || number_of(e, "tid") < 0) {
       ++t.bad_events;
       continue;
     }
-    if (e.str("ph") == "M" && e.str("name") == "thread_name") {
-      const Json* args = e.find("args");
-      if (!args) {
+    if (text_of(e, "ph") == "M" && text_of(e, "name") == "thread_name") {
+      const auto args = e.find("args");
+      if (args == e.end()) {
         ++t.bad_events;
         continue;
       }
-      rows[e.num("tid")] = args->str("name");
+      rows[number_of(e, "tid")] = text_of(*args, "name");
     }
   }
-  for (const Json& e : t.root.array) {
-    if (e.kind != Json::Kind::object || e.str("ph") == "M") continue;
-    if (e.str("ph") == "X" && (e.num("ts") < 0 || e.num("dur") < 0)) ++t.bad_events;
-    t.last_event = e.str("name");
-    if (auto it = rows.find(e.num("tid")); it != rows.end())
-      t.phases[it->second].insert(e.str("name"));
+  for (const json& e : t.root) {
+    if (!e.is_object() || text_of(e, "ph") == "M") continue;
+    if (text_of(e, "ph") == "X" && (number_of(e, "ts") < 0 || number_of(e, "dur") < 0))
+      ++t.bad_events;
+    t.last_event = text_of(e, "name");
+    if (auto it = rows.find(number_of(e, "tid")); it != rows.end())
+      t.phases[it->second].insert(text_of(e, "name"));
     else
-      t.global.insert(e.str("name"));
+      t.global.insert(text_of(e, "name"));
   }
   return t;
 }
@@ -76,11 +87,11 @@ Trace load(const std::filesystem::path& p) {
 }  // namespace
 
 TEST_CASE("the JSON checker rejects what a strict parser rejects") {
-  CHECK_NOTHROW(JsonReader::parse(R"([{"a":1.5e-3,"b":[true,false,null],"c":"x\"\u00e9"}])"));
+  CHECK_NOTHROW(json::parse(R"([{"a":1.5e-3,"b":[true,false,null],"c":"x\"\u00e9"}])"));
   for (const char* bad : {"[", "[1,]", R"({"a":1,})", "[NaN]", "[01x]", "[\"\x01\"]",
                           R"({"a" 1})", "[1] [2]", "", R"(["\q"])", "[-]", "[1.]"}) {
     CAPTURE(bad);
-    CHECK_THROWS(JsonReader::parse(bad));
+    CHECK_THROWS(json::parse(bad));
   }
 }
 

@@ -5,12 +5,13 @@
 
 #include "datasets.hpp"
 #include "file_writers.hpp"
-#include "temp_dir.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
 using namespace resnet;
 using namespace resnet::test;
+using namespace dtrain::test;
 namespace fs = std::filesystem;
 
 // n images of rows x cols; image i has every pixel equal to 10 * i + 1.

@@ -2,10 +2,7 @@
 
 #include "test_helpers.hpp"  // first: see Note [glog's CHECK]
 
-#include <sys/wait.h>
-
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -13,7 +10,9 @@
 
 #include "file_writers.hpp"
 #include "models.hpp"
-#include "temp_dir.hpp"
+#include "support/parameter_drift.hpp"
+#include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 
 #if !defined(RESNET_TRAIN_EXECUTABLE) || !defined(RESNET_MPIEXEC)
 #error "RESNET_TRAIN_EXECUTABLE and RESNET_MPIEXEC must name the trainer and the MPI launcher"
@@ -22,31 +21,17 @@
 namespace {
 
 using namespace resnet::test;
+using namespace dtrain::test;
 namespace fs = std::filesystem;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
 // Runs the trainer as one process (ranks = 0: without a launcher) or under mpiexec.
-Result train(const std::vector<std::string>& args, int ranks = 0) {
+CommandResult train(const std::vector<std::string>& args, int ranks = 0) {
   std::string command = "'" RESNET_TRAIN_EXECUTABLE "'";
   if (ranks > 0) {
     command = RESNET_MPIEXEC " " + std::to_string(ranks) + " " RESNET_MPIEXEC_FLAGS " " + command;
   }
   for (const auto& arg : args) command += " '" + arg + "'";
-  command += " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  while (const auto n = std::fread(buffer.data(), 1, buffer.size(), pipe)) {
-    result.output.append(buffer.data(), n);
-  }
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return run_command(command);
 }
 
 struct EpochLine {
@@ -284,25 +269,13 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
     torch::load(model, (dir / checkpoint).string());
     return model;
   };
-  const auto reference = load("one.pt")->named_parameters();
-  const auto distributed = load("two.pt")->named_parameters();
-  REQUIRE(reference.size() == distributed.size());
   // Eight steps in float32: the two runs sum the same gradients in a different order, which moves
   // the weights by rounding only (about 1e-7 relative per step, amplified a little by training).
-  double worst = 0.0, moved = 0.0;
   torch::manual_seed(9);  // the trainer's --seed: its initial weights
   const auto initial = resnet::make_model(
       "resnet8", {.in_channels = 1, .num_classes = 10, .norm = resnet::Norm::group});
-  const auto start = initial->named_parameters();
-  for (const auto& item : reference) {
-    CAPTURE(item.key());
-    const auto& a = item.value();
-    const auto& b = distributed[item.key()];
-    REQUIRE(a.sizes() == b.sizes());
-    const double scale = std::max(1.0, a.abs().max().item<double>());
-    worst = std::max(worst, (a - b).abs().max().item<double>() / scale);
-    moved = std::max(moved, (a - start[item.key()]).abs().max().item<double>());
-  }
-  CHECK(worst < 1e-4);
-  CHECK(moved > 1e-3);  // training did change the weights: the comparison is not vacuous
+  const auto drift = parameter_drift(load("one.pt")->named_parameters(),
+                                     load("two.pt")->named_parameters(), initial->named_parameters());
+  CHECK(drift.worst < 1e-4);
+  CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
 }

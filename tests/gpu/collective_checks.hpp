@@ -15,6 +15,7 @@
 
 #include "dtrain/cuda.hpp"
 #include "gpu_test_support.hpp"
+#include "support/reference_reduce.hpp"
 
 namespace gpu_test {
 
@@ -66,18 +67,8 @@ inline std::vector<double> expected_reduce(DataType dtype, ReduceOp op, std::int
                                            double pre, double post, std::int64_t offset = 0) {
   std::vector<double> out(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
-    double acc = input_value(0, i + offset, dtype) * pre;
-    for (int r = 1; r < size; ++r) {
-      const double v = input_value(r, i + offset, dtype) * pre;
-      switch (op) {
-        case ReduceOp::Average:
-        case ReduceOp::Sum: acc += v; break;
-        case ReduceOp::Min: acc = std::min(acc, v); break;
-        case ReduceOp::Max: acc = std::max(acc, v); break;
-        case ReduceOp::Product: acc *= v; break;
-      }
-    }
-    if (op == ReduceOp::Average) acc /= size;
+    double acc = dtrain::test::reference_reduce(
+        op, size, [&](int r) { return input_value(r, i + offset, dtype) * pre; });
     if (dtype == DataType::uint8) acc = static_cast<double>(static_cast<std::uint8_t>(static_cast<std::int64_t>(acc)));
     if (dtype == DataType::int8) acc = static_cast<double>(static_cast<std::int8_t>(static_cast<std::int64_t>(acc)));
     out[i] = acc * post;
@@ -265,6 +256,19 @@ inline void check_producer_stream_ordering(int device, int rank, int size) {
   }
   cudaFreeHost(pinned);
   cudaStreamDestroy(producer);
+}
+
+// Every collective in turn. The first allreduce starts the device path, after which the engine must
+// be using `transport`.
+inline void check_every_collective(int device, int rank, int size,
+                                   dtrain::cuda::Transport transport) {
+  check_allreduce(device, rank, size);
+  CHECK(dtrain::cuda::active_transport() == transport);
+  check_allgather(device, rank, size);
+  check_broadcast(device, rank, size);
+  check_reducescatter(device, rank, size);
+  check_alltoall(device, rank, size);
+  check_producer_stream_ordering(device, rank, size);
 }
 
 }  // namespace gpu_test

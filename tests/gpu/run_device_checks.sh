@@ -63,6 +63,7 @@ command -v mpiexec.mpich >/dev/null || missing+=(mpich)
 [ -e /usr/include/x86_64-linux-gnu/mpich/mpi.h ] || [ -e /usr/include/mpich/mpi.h ] || missing+=(libmpich-dev)
 [ -e /usr/include/fmt/format.h ] || missing+=(libfmt-dev)
 [ -e /usr/include/doctest/doctest.h ] || missing+=(doctest-dev)
+[ -e /usr/include/nlohmann/json.hpp ] || missing+=(nlohmann-json3-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   say "installing: ${missing[*]}"
   if [ "${DTRAIN_CHECKS_SKIP_INSTALL:-0}" = 1 ]; then

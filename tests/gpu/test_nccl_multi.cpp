@@ -30,13 +30,7 @@ TEST_CASE("nccl across ranks: every collective of every dtype") {
   if (!have_device(world_size())) return;
   init();
   const int device = cuda::set_device_from_local_rank();
-  gpu_test::check_allreduce(device, rank(), size());
-  CHECK(cuda::active_transport() == cuda::Transport::nccl);
-  gpu_test::check_allgather(device, rank(), size());
-  gpu_test::check_broadcast(device, rank(), size());
-  gpu_test::check_reducescatter(device, rank(), size());
-  gpu_test::check_alltoall(device, rank(), size());
-  gpu_test::check_producer_stream_ordering(device, rank(), size());
+  gpu_test::check_every_collective(device, rank(), size(), cuda::Transport::nccl);
   shutdown();
 }
 

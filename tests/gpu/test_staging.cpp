@@ -20,13 +20,7 @@ TEST_CASE("staging: every collective on device tensors, ranks sharing a GPU") {
   const bool shared = cuda::device_count() < local_size();
   // Ranks that share a GPU must get staging without asking; otherwise ask for it.
   if (!shared) cuda::set_transport(cuda::Transport::staging);
-  gpu_test::check_allreduce(device, rank(), size());
-  CHECK(cuda::active_transport() == cuda::Transport::staging);
-  gpu_test::check_allgather(device, rank(), size());
-  gpu_test::check_broadcast(device, rank(), size());
-  gpu_test::check_reducescatter(device, rank(), size());
-  gpu_test::check_alltoall(device, rank(), size());
-  gpu_test::check_producer_stream_ordering(device, rank(), size());
+  gpu_test::check_every_collective(device, rank(), size(), cuda::Transport::staging);
   shutdown();
   cuda::set_transport(cuda::Transport::automatic);
 }

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "coco_eval.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
 
 using namespace mask_rcnn;
 using doctest::Approx;
@@ -170,8 +170,8 @@ TEST_CASE("coco eval: the table and pycocotools' summary lines") {
         "bbox |  1.000 |  1.000 |  1.000 | -1.000 |  1.000 | -1.000\n"
         "segm |  1.000 |  1.000 |  1.000 | -1.000 |  1.000 | -1.000\n");
   const auto summary = format_summary(c.bbox());
-  CHECK(mask_rcnn::test::contains(
+  CHECK(dtrain::test::contains(
       summary, " Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all | maxDets=100 ] = 1.000\n"));
-  CHECK(mask_rcnn::test::contains(
+  CHECK(dtrain::test::contains(
       summary, " Average Recall     (AR) @[ IoU=0.50:0.95 | area= large | maxDets=100 ] = -1.000\n"));
 }

@@ -6,13 +6,14 @@
 #include <string>
 
 #include "coco_format.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace mask_rcnn;
-using mask_rcnn::test::contains;
-using mask_rcnn::test::message_of;
-using mask_rcnn::test::TempDir;
-using mask_rcnn::test::write_text;
+using dtrain::test::contains;
+using dtrain::test::message_of;
+using dtrain::test::TempDir;
+using dtrain::test::write_text;
 
 namespace {
 

@@ -8,14 +8,15 @@
 
 #include "coco_dataset.hpp"
 #include "shapes.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace mask_rcnn;
-using mask_rcnn::test::contains;
+using dtrain::test::contains;
+using dtrain::test::message_of;
+using dtrain::test::TempDir;
+using dtrain::test::write_text;
 using mask_rcnn::test::max_abs_diff;
-using mask_rcnn::test::message_of;
-using mask_rcnn::test::TempDir;
-using mask_rcnn::test::write_text;
 
 TEST_CASE("shapes: a sample is a function of (seed, index), and sizes vary") {
   const ShapesDataset a({.count = 50, .seed = 7}), b({.count = 50, .seed = 7}), c({.count = 50, .seed = 8});

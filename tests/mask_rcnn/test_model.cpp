@@ -10,7 +10,8 @@
 #include "detection.hpp"
 #include "model.hpp"
 #include "shapes.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace mask_rcnn;
 using mask_rcnn::test::max_abs_diff;
@@ -161,7 +162,7 @@ TEST_CASE("model: inference returns at most 100 detections per image, best first
 }
 
 TEST_CASE("checkpoint: weights and the model's description round-trip") {
-  mask_rcnn::test::TempDir dir;
+  dtrain::test::TempDir dir;
   torch::manual_seed(4);
   MaskRcnn model(preset_config("tiny", 2));
   const CheckpointInfo info{"tiny", {7, 9}, {"cat", "dog"}, 123};
@@ -177,11 +178,11 @@ TEST_CASE("checkpoint: weights and the model's description round-trip") {
   REQUIRE(a.size() == b.size());
   for (const auto& p : a) CHECK(p.value().equal(b[p.key()]));
 
-  mask_rcnn::test::write_text(dir / "junk.pt", "not a checkpoint");
-  CHECK(mask_rcnn::test::contains(
-      mask_rcnn::test::message_of<std::runtime_error>([&] { load_checkpoint(dir / "junk.pt", read); }),
+  dtrain::test::write_text(dir / "junk.pt", "not a checkpoint");
+  CHECK(dtrain::test::contains(
+      dtrain::test::message_of<std::runtime_error>([&] { load_checkpoint(dir / "junk.pt", read); }),
       "junk.pt: not a Mask R-CNN checkpoint"));
-  CHECK(mask_rcnn::test::contains(
-      mask_rcnn::test::message_of<std::invalid_argument>([] { preset_config("resnet50", 3); }),
+  CHECK(dtrain::test::contains(
+      dtrain::test::message_of<std::invalid_argument>([] { preset_config("resnet50", 3); }),
       "unknown model 'resnet50': choose one of tiny, small, resnet18, resnet34"));
 }

@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "rle.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
 
 using namespace mask_rcnn;
-using mask_rcnn::test::contains;
-using mask_rcnn::test::message_of;
+using dtrain::test::contains;
+using dtrain::test::message_of;
 
 namespace {
 

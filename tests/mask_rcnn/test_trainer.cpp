@@ -4,7 +4,6 @@
 #include "torch_test.hpp"  // first: see its note
 
 #include <stb_image_write.h>
-#include <sys/wait.h>
 
 #include <array>
 #include <cmath>
@@ -14,37 +13,30 @@
 
 #include "model.hpp"
 #include "shapes.hpp"
-#include "temp_dir.hpp"
+#include "support/messages.hpp"
+#include "support/parameter_drift.hpp"
+#include "support/run_command.hpp"
+#include "support/temp_dir.hpp"
 #include "trainer_paths.hpp"  // MASK_RCNN_TRAIN, MASK_RCNN_MPIEXEC, MASK_RCNN_SMOKE_DIR
 
 namespace {
 
 using namespace mask_rcnn;
-using mask_rcnn::test::contains;
-using mask_rcnn::test::TempDir;
+using dtrain::test::CommandResult;
+using dtrain::test::contains;
+using dtrain::test::run_command;
+using dtrain::test::TempDir;
 namespace fs = std::filesystem;
-
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
 
 // Runs the trainer as one process (ranks = 0: without a launcher) or under mpiexec; `environment`
 // (NAME=value ...) goes before the command.
-Result run_trainer(const std::vector<std::string>& args, int ranks = 0, const std::string& environment = "") {
+CommandResult run_trainer(const std::vector<std::string>& args, int ranks = 0,
+                          const std::string& environment = "") {
   std::string command = "'" MASK_RCNN_TRAIN "'";
   if (ranks > 0) command = MASK_RCNN_MPIEXEC " " + std::to_string(ranks) + " " + command;
   if (!environment.empty()) command = "env " + environment + " " + command;
   for (const auto& arg : args) command += " '" + arg + "'";
-  command += " 2>&1";
-  Result result;
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::array<char, 4096> buffer{};
-  while (const auto n = std::fread(buffer.data(), 1, buffer.size(), pipe)) result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return run_command(command);
 }
 
 struct Progress {
@@ -164,19 +156,9 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
   const auto distributed = load_checkpoint(dir / "two" / "model.pt", info)->named_parameters();
   torch::manual_seed(9);  // the trainer's --seed: its initial weights
   const auto initial = MaskRcnn(preset_config("tiny", 3))->named_parameters();
-  REQUIRE(reference.size() == distributed.size());
-  double worst = 0.0, moved = 0.0;
-  for (const auto& item : reference) {
-    CAPTURE(item.key());
-    const auto& x = item.value();
-    const auto& y = distributed[item.key()];
-    REQUIRE(x.sizes() == y.sizes());
-    const double scale = std::max(1.0, x.abs().max().item<double>());
-    worst = std::max(worst, (x - y).abs().max().item<double>() / scale);
-    moved = std::max(moved, (x - initial[item.key()]).abs().max().item<double>());
-  }
-  CHECK(worst < 1e-4);
-  CHECK(moved > 1e-3);  // training did change the weights: the comparison is not vacuous
+  const auto drift = dtrain::test::parameter_drift(reference, distributed, initial);
+  CHECK(drift.worst < 1e-4);
+  CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
 }
 
 namespace {

@@ -1,19 +1,7 @@
 #pragma once
-// Include first in every test file that uses libtorch: libtorch defines CHECK, CHECK_EQ, ... as
-// fatal runtime assertions (glog's, or c10's look-alikes). They are dropped here and doctest
-// defines its own, so a failed check is reported instead of aborting the test binary.
-
-// clang-format off
-#include <torch/torch.h>
-#undef CHECK
-#undef CHECK_EQ
-#undef CHECK_NE
-#undef CHECK_LT
-#undef CHECK_LE
-#undef CHECK_GT
-#undef CHECK_GE
-#include <doctest/doctest.h>
-// clang-format on
+// Include first in every test file that uses libtorch (see Note [glog's CHECK]): libtorch, doctest,
+// and the model tests' small helpers.
+#include "support/torch_doctest.hpp"
 
 #include <string>
 #include <vector>

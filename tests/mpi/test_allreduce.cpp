@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mpi_test_util.hpp"
+#include "support/reference_reduce.hpp"
 
 namespace {
 
@@ -45,19 +46,8 @@ double value_for(ReduceOp op, int r, std::int64_t i) {
 
 template <class T>
 double expected_for(ReduceOp op, double pre, double post, int size, std::int64_t i) {
-  double acc = pre * value_for<T>(op, 0, i);
-  for (int k = 1; k < size; ++k) {
-    const double v = pre * value_for<T>(op, k, i);
-    switch (op) {
-      case ReduceOp::Average:
-      case ReduceOp::Sum: acc += v; break;
-      case ReduceOp::Min: acc = std::min(acc, v); break;
-      case ReduceOp::Max: acc = std::max(acc, v); break;
-      case ReduceOp::Product: acc *= v; break;
-    }
-  }
-  if (op == ReduceOp::Average) acc /= size;
-  return acc * post;
+  const auto contribution = [&](int k) { return pre * value_for<T>(op, k, i); };
+  return dtrain::test::reference_reduce(op, size, contribution) * post;
 }
 
 enum class Form { vector, span, view_2d };

@@ -2,6 +2,7 @@
 // /proc parsers on fixed text, rates between two readings, options and their errors, and NVML
 // when it is absent. Nothing here starts MPI.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <string>
@@ -13,15 +14,13 @@
 #include "dtrain/profile/proc_stats.hpp"
 #include "dtrain/profile/records.hpp"
 #include "dtrain/profile/sampler.hpp"
-#include "engine/json.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
 using dtrain::Phase;
 using dtrain::detail::PhaseTimes;
-using dtrain::test::Json;
-using dtrain::test::JsonReader;
+using nlohmann::json;
 
 PhaseTimes::Clock::time_point at(std::chrono::milliseconds ms) {
   return PhaseTimes::Clock::time_point(ms);
@@ -33,12 +32,12 @@ std::chrono::nanoseconds phase_time(const PhaseTimes::Step& s, std::string_view 
   return std::chrono::nanoseconds(-1);  // did not run
 }
 
-Json parse_line(const std::string& line) {
+json parse_line(const std::string& line) {
   REQUIRE(!line.empty());
   CHECK(line.back() == '\n');
   CHECK(line.find('\n') == line.size() - 1);  // exactly one line
-  Json j = JsonReader::parse(line.substr(0, line.size() - 1));
-  REQUIRE(j.kind == Json::Kind::object);
+  json j = json::parse(line.substr(0, line.size() - 1));
+  REQUIRE(j.is_object());
   return j;
 }
 
@@ -112,13 +111,13 @@ TEST_CASE("JSON lines escape what JSON requires and write no NaN") {
   line.field("s", std::string_view("quote\" back\\ nl\n tab\t bell\x07 é"));
   line.field("nan", std::nan("")).field("inf", HUGE_VAL).field("n", -3).field("b", true);
   line.field("x", 0.25);
-  const Json j = JsonReader::parse(line.closed());
-  CHECK(j.str("s") == "quote\" back\\ nl\n tab\t bell\x07 é");
-  CHECK(j.find("nan")->kind == Json::Kind::null);
-  CHECK(j.find("inf")->kind == Json::Kind::null);
-  CHECK(j.num("n", 0) == -3);
-  CHECK(j.find("b")->boolean);
-  CHECK(j.num("x") == 0.25);
+  const json j = json::parse(line.closed());
+  CHECK(j.at("s") == "quote\" back\\ nl\n tab\t bell\x07 é");
+  CHECK(j.at("nan").is_null());
+  CHECK(j.at("inf").is_null());
+  CHECK(j.at("n") == -3);
+  CHECK(j.at("b") == true);
+  CHECK(j.at("x") == 0.25);
 }
 
 TEST_CASE("step records carry the phases, other, samples and the engine's increase") {
@@ -137,24 +136,24 @@ TEST_CASE("step records carry the phases, other, samples and the engine's increa
   later.cache_hits = 2;  // below `earlier`: the engine restarted, so it counts from zero
   earlier.cache_hits = 5;
   r.engine = dtrain::detail::engine_stats_delta(later, earlier);
-  const Json j = parse_line(dtrain::detail::to_json_line(dtrain::detail::ProfileRecord(r)));
-  CHECK(j.str("type") == "step");
-  CHECK(j.num("step") == 41);
-  CHECK(j.num("t") == doctest::Approx(12.345679).epsilon(1e-12));
-  CHECK(j.num("duration_ms") == 25);
-  CHECK(j.num("other_ms") == 0.5);
-  CHECK(j.num("samples") == 64);
-  const Json* phases = j.find("phases_ms");
-  REQUIRE(phases);
-  CHECK(phases->num("data") == 2);
-  CHECK(phases->num("forward") == 10);
-  CHECK(phases->num("my \"phase\"") == 12.5);
-  const Json* engine = j.find("engine");
-  REQUIRE(engine);
-  CHECK(engine->num("collectives") == 3);
-  CHECK(engine->num("bytes_reduced") == 3072);
-  CHECK(engine->num("cache_hits") == 2);
-  CHECK(!engine->find("fused_collectives"));  // did not move: left out
+  const json j = parse_line(dtrain::detail::to_json_line(dtrain::detail::ProfileRecord(r)));
+  CHECK(j.at("type") == "step");
+  CHECK(j.at("step") == 41);
+  CHECK(j.at("t").get<double>() == doctest::Approx(12.345679).epsilon(1e-12));
+  CHECK(j.at("duration_ms") == 25);
+  CHECK(j.at("other_ms") == 0.5);
+  CHECK(j.at("samples") == 64);
+  REQUIRE(j.contains("phases_ms"));
+  const json* phases = &j.at("phases_ms");
+  CHECK(phases->at("data") == 2);
+  CHECK(phases->at("forward") == 10);
+  CHECK(phases->at("my \"phase\"") == 12.5);
+  REQUIRE(j.contains("engine"));
+  const json* engine = &j.at("engine");
+  CHECK(engine->at("collectives") == 3);
+  CHECK(engine->at("bytes_reduced") == 3072);
+  CHECK(engine->at("cache_hits") == 2);
+  CHECK(!engine->contains("fused_collectives"));  // did not move: left out
 }
 
 TEST_CASE("the header names the run, the rank, the GPU or why there is none, and the counters") {
@@ -165,27 +164,27 @@ TEST_CASE("the header names the run, the rank, the GPU or why there is none, and
   h.host = "node\"7";
   h.gpu_available = false;
   h.gpu_reason = "NVML not loaded";
-  const Json j = parse_line(dtrain::detail::to_json_line(h));
-  CHECK(j.str("type") == "header");
-  CHECK(j.str("format") == "dtrain-profile");
-  CHECK(j.num("version") == dtrain::detail::profile_format_version);
-  CHECK(j.str("run_id") == "abc-12");
-  CHECK(j.num("rank") == 3);
-  CHECK(j.num("size") == 4);
-  CHECK(j.str("host") == "node\"7");
-  const Json* gpu = j.find("gpu");
-  REQUIRE(gpu);
-  CHECK(!gpu->find("available")->boolean);
-  CHECK(gpu->str("reason") == "NVML not loaded");
-  const Json* counters = j.find("engine_counters");
-  REQUIRE(counters);
-  REQUIRE(counters->kind == Json::Kind::array);
+  const json j = parse_line(dtrain::detail::to_json_line(h));
+  CHECK(j.at("type") == "header");
+  CHECK(j.at("format") == "dtrain-profile");
+  CHECK(j.at("version") == dtrain::detail::profile_format_version);
+  CHECK(j.at("run_id") == "abc-12");
+  CHECK(j.at("rank") == 3);
+  CHECK(j.at("size") == 4);
+  CHECK(j.at("host") == "node\"7");
+  REQUIRE(j.contains("gpu"));
+  const json* gpu = &j.at("gpu");
+  CHECK(gpu->at("available") == false);
+  CHECK(gpu->at("reason") == "NVML not loaded");
+  REQUIRE(j.contains("engine_counters"));
+  const json* counters = &j.at("engine_counters");
+  REQUIRE(counters->is_array());
   std::size_t n = 0;
   dtrain::detail::for_each_engine_counter([&](std::string_view name, auto) {
-    REQUIRE(n < counters->array.size());
-    CHECK(counters->array[n++].string == name);
+    REQUIRE(n < counters->size());
+    CHECK(counters->at(n++) == name);
   });
-  CHECK(n == counters->array.size());
+  CHECK(n == counters->size());
 }
 
 TEST_CASE("samples leave out what could not be read") {
@@ -193,17 +192,17 @@ TEST_CASE("samples leave out what could not be read") {
   s.t = 1.5;
   s.process_cpu_pct = 150.123456;
   s.rss_bytes = 1u << 30;
-  const Json j = parse_line(dtrain::detail::to_json_line(s));
-  CHECK(j.str("type") == "sample");
-  CHECK(j.num("process_cpu_pct") == 150.12);
-  CHECK(j.num("rss_bytes") == 1073741824.0);
-  CHECK(!j.find("system_cpu_pct"));
-  CHECK(!j.find("gpu"));
+  const json j = parse_line(dtrain::detail::to_json_line(s));
+  CHECK(j.at("type") == "sample");
+  CHECK(j.at("process_cpu_pct") == 150.12);
+  CHECK(j.at("rss_bytes") == 1073741824.0);
+  CHECK(!j.contains("system_cpu_pct"));
+  CHECK(!j.contains("gpu"));
   s.gpu = dtrain::detail::GpuReading{87.5, 40, 1000, 4000};
-  const Json g = parse_line(dtrain::detail::to_json_line(s));
-  REQUIRE(g.find("gpu"));
-  CHECK(g.find("gpu")->num("utilization_pct") == 87.5);
-  CHECK(g.find("gpu")->num("memory_total_bytes") == 4000);
+  const json g = parse_line(dtrain::detail::to_json_line(s));
+  REQUIRE(g.contains("gpu"));
+  CHECK(g.at("gpu").at("utilization_pct") == 87.5);
+  CHECK(g.at("gpu").at("memory_total_bytes") == 4000);
 }
 
 TEST_CASE("/proc parsers read the fields proc(5) documents") {

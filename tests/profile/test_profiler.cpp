@@ -2,6 +2,7 @@
 // engine's collectives and bytes, samples), start/stop ranges, the off state, and the errors that
 // every rank raises together.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 #include <mpi.h>
 #include <unistd.h>
 
@@ -13,14 +14,12 @@
 #include <vector>
 
 #include "dtrain/dtrain.hpp"
-#include "engine/json.hpp"
 #include "support/world.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
-using dtrain::test::Json;
-using dtrain::test::JsonReader;
+using nlohmann::json;
 using dtrain_test_support::world_rank;
 using dtrain_test_support::world_size;
 
@@ -48,19 +47,19 @@ void remove_dir(const std::filesystem::path& dir) {
   if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
-std::vector<Json> read_records(const std::filesystem::path& file) {
+std::vector<json> read_records(const std::filesystem::path& file) {
   std::ifstream in(file);
   REQUIRE_MESSAGE(in, "missing " << file);
-  std::vector<Json> out;
+  std::vector<json> out;
   for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(' ') != std::string::npos) out.push_back(JsonReader::parse(line));
+    if (line.find_first_not_of(' ') != std::string::npos) out.push_back(json::parse(line));
   return out;
 }
 
-std::vector<const Json*> of_type(const std::vector<Json>& records, const std::string& type) {
-  std::vector<const Json*> out;
-  for (const Json& r : records)
-    if (r.str("type") == type) out.push_back(&r);
+std::vector<const json*> of_type(const std::vector<json>& records, const std::string& type) {
+  std::vector<const json*> out;
+  for (const json& r : records)
+    if (r.at("type") == type) out.push_back(&r);
   return out;
 }
 
@@ -116,46 +115,46 @@ TEST_CASE("every rank writes a file: header, steps with phases and engine counts
     CAPTURE(r);
     const auto records = read_records(dir / ("rank-" + std::to_string(r) + ".jsonl"));
     REQUIRE(records.size() >= 4);
-    const Json& h = records.front();
-    CHECK(h.str("type") == "header");
-    CHECK(h.str("format") == "dtrain-profile");
-    CHECK(h.num("rank") == r);
-    CHECK(h.num("size") == n);
-    CHECK(h.num("sample_interval_ms") == 100);
-    CHECK(h.num("cpu_count") >= 1);
-    REQUIRE(h.find("gpu"));
-    if (r == 0) run_id = h.str("run_id");
+    const json& h = records.front();
+    CHECK(h.at("type") == "header");
+    CHECK(h.at("format") == "dtrain-profile");
+    CHECK(h.at("rank") == r);
+    CHECK(h.at("size") == n);
+    CHECK(h.at("sample_interval_ms") == 100);
+    CHECK(h.at("cpu_count") >= 1);
+    REQUIRE(h.contains("gpu"));
+    if (r == 0) run_id = h.at("run_id").get<std::string>();
     CHECK(!run_id.empty());
-    CHECK(h.str("run_id") == run_id);  // one run, the same id in every file
-    CHECK(records[1].str("type") == "start");
-    CHECK(records.back().str("type") == "end");
+    CHECK(h.at("run_id") == run_id);  // one run, the same id in every file
+    CHECK(records[1].at("type") == "start");
+    CHECK(records.back().at("type") == "end");
 
     const auto steps = of_type(records, "step");
     REQUIRE(steps.size() == 5);
     for (int s = 0; s < 5; ++s) {
-      const Json& st = *steps[static_cast<std::size_t>(s)];
+      const json& st = *steps[static_cast<std::size_t>(s)];
       CAPTURE(s);
-      CHECK(st.num("step") == 2 * s);  // the nested step() counted too
-      CHECK(st.num("samples") == 32);
-      const Json* phases = st.find("phases_ms");
-      REQUIRE(phases);
-      CHECK(phases->num("augment") >= 0.2);
-      CHECK(phases->num("forward") >= 0.3);
-      CHECK(phases->find("data"));
-      CHECK(!phases->find("backward"));  // did not run
-      double sum = st.num("other_ms");
-      for (const auto& [name, v] : phases->object) sum += v.number;
-      CHECK(sum == doctest::Approx(st.num("duration_ms")).epsilon(1e-3));
-      const Json* engine = st.find("engine");
-      REQUIRE(engine);
-      CHECK(engine->num("collectives") == 1);  // one allreduce per step, nothing else
-      CHECK(engine->num("bytes_reduced") == 4000);
+      CHECK(st.at("step") == 2 * s);  // the nested step() counted too
+      CHECK(st.at("samples") == 32);
+      REQUIRE(st.contains("phases_ms"));
+      const json* phases = &st.at("phases_ms");
+      CHECK(phases->at("augment") >= 0.2);
+      CHECK(phases->at("forward") >= 0.3);
+      CHECK(phases->contains("data"));
+      CHECK(!phases->contains("backward"));  // did not run
+      double sum = st.at("other_ms").get<double>();
+      for (const auto& [name, v] : phases->items()) sum += v.get<double>();
+      CHECK(sum == doctest::Approx(st.at("duration_ms").get<double>()).epsilon(1e-3));
+      REQUIRE(st.contains("engine"));
+      const json* engine = &st.at("engine");
+      CHECK(engine->at("collectives") == 1);  // one allreduce per step, nothing else
+      CHECK(engine->at("bytes_reduced") == 4000);
     }
     const auto samples = of_type(records, "sample");
     REQUIRE(!samples.empty());
-    CHECK(samples.front()->num("rss_bytes") > 0);
-    CHECK(samples.front()->num("process_cpu_pct") >= 0);
-    CHECK(samples.front()->num("t") > 0);
+    CHECK(samples.front()->at("rss_bytes") > 0);
+    CHECK(samples.front()->at("process_cpu_pct") >= 0);
+    CHECK(samples.front()->at("t") > 0);
   }
   remove_dir(dir);
 }
@@ -188,19 +187,19 @@ TEST_CASE("start and stop record a chosen range of steps; the counter counts eve
   MPI_Barrier(MPI_COMM_WORLD);
   const auto records = read_records(dir / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl"));
   std::vector<std::string> shape;
-  for (const Json& r : records) {
-    const std::string type = r.str("type");
+  for (const json& r : records) {
+    const std::string type = r.at("type").get<std::string>();
     if (type == "sample") continue;
-    shape.push_back(type == "step" ? "step " + std::to_string(static_cast<int>(r.num("step")))
+    shape.push_back(type == "step" ? "step " + std::to_string(r.at("step").get<int>())
                                    : type);
   }
   CHECK(shape == std::vector<std::string>{"header", "start", "step 2", "step 3", "stop", "start",
                                           "step 5", "stop", "end"});
   const auto stops = of_type(records, "stop");
   REQUIRE(stops.size() == 2);
-  CHECK(stops[0]->num("steps") == 2);
-  CHECK(stops[1]->num("steps") == 3);
-  CHECK(stops[1]->num("phases_outside_steps") == 1);
+  CHECK(stops[0]->at("steps") == 2);
+  CHECK(stops[1]->at("steps") == 3);
+  CHECK(stops[1]->at("phases_outside_steps") == 1);
   remove_dir(dir);
 }
 
@@ -244,10 +243,10 @@ TEST_CASE("without dtrain::init a profiler records one process, and refuses in a
     auto s = profiler.step();
   }
   const auto records = read_records(dir / "rank-0.jsonl");
-  CHECK(records.front().num("size") == 1);
+  CHECK(records.front().at("size") == 1);
   const auto steps = of_type(records, "step");
   REQUIRE(steps.size() == 1);
-  CHECK(!steps[0]->find("engine"));
+  CHECK(!steps[0]->contains("engine"));
   remove_dir(dir.parent_path());
 }
 

@@ -2,6 +2,7 @@
 // Config. ctest runs this binary twice: with a valid environment (test case "on") and with an
 // interval out of range (test case "bad_interval").
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -9,7 +10,6 @@
 #include <string>
 
 #include "dtrain/dtrain.hpp"
-#include "engine/json.hpp"
 
 TEST_CASE("on") {
   const char* dir = std::getenv("DTRAIN_PROFILE");
@@ -27,8 +27,8 @@ TEST_CASE("on") {
                                                   ".jsonl")));
   std::string first;
   std::getline(in, first);
-  const auto header = dtrain::test::JsonReader::parse(first);
-  CHECK(header.num("sample_interval_ms") == 200);
+  const auto header = nlohmann::json::parse(first);
+  CHECK(header.at("sample_interval_ms") == 200);
   dtrain::shutdown();
 }
 

@@ -2,6 +2,7 @@
 // error for a file it cannot create. Crashes and a full disk are real: a child process killed by
 // SIGKILL mid-write, a file size limit (RLIMIT_FSIZE), and /dev/full.
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -17,7 +18,6 @@
 
 #include "dtrain/core/logging.hpp"
 #include "dtrain/profile/record_writer.hpp"
-#include "engine/json.hpp"
 
 namespace {
 
@@ -62,8 +62,8 @@ std::vector<std::int64_t> whole_lines(const std::string& text) {
     const std::string line = text.substr(begin, end - begin);
     begin = end + 1;
     if (line.find_first_not_of(' ') == std::string::npos) continue;  // padding
-    const auto j = dtrain::test::JsonReader::parse(line);
-    steps.push_back(static_cast<std::int64_t>(j.num("step")));
+    const auto j = nlohmann::json::parse(line);
+    steps.push_back(j.at("step").get<std::int64_t>());
   }
   return steps;
 }

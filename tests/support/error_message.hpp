@@ -3,16 +3,12 @@
 #include <string>
 
 #include "dtrain/core/error.hpp"
+#include "support/messages.hpp"
 
 namespace dtrain::test {
 
 inline std::string message_of(const auto& call) {
-  try {
-    call();
-  } catch (const dtrain::InvalidArgumentError& e) {
-    return e.what();
-  }
-  return "no exception";
+  return message_of<dtrain::InvalidArgumentError>(call);
 }
 
 }  // namespace dtrain::test

@@ -119,22 +119,21 @@ bool parameters_identical_on_all_ranks(torch::nn::Module& m) {
 
 torch::optim::SGDOptions sgd_options() { return torch::optim::SGDOptions(0.05).momentum(0.9); }
 
-}  // namespace
+struct Started {
+  Started() { dtrain::init(); }
+};
 
-TEST_CASE("SGD with momentum: N ranks with batch b equal one process with batch N*b") {
-  dtrain::init();
-  const Shards shards;
-  Net model = make_net();
-  dtrain::broadcast_module(*model, 0);
-  CHECK(parameters_identical_on_all_ranks(*model));
-  Net ref = clone_net(model);
-  Net start = clone_net(model);
+// A model made equal on every rank by broadcast_module, and `ref`: the single-process reference,
+// from the same weights, that sees every rank's batch.
+struct SameStart : Started {
+  SameStart() {
+    dtrain::broadcast_module(*model, 0);
+    ref = clone_net(model);
+  }
 
-  torch::optim::SGD opt(model->parameters(), sgd_options());
-  DistributedOptimizer dist(opt, model->named_parameters());
-  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
-  const int steps = 6;
-  for (int t = 0; t < steps; ++t) {
+  // Step t of both runs with SGD: the model on this rank's batch, the reference on every rank's.
+  template <class Distributed>
+  void step_both(Distributed& dist, torch::optim::SGD& ref_opt, std::int64_t t) {
     dist.zero_grad();
     mse(model, shards.rank_batch(world_rank(), t)).backward();
     CHECK(dist.step());
@@ -142,18 +141,36 @@ TEST_CASE("SGD with momentum: N ranks with batch b equal one process with batch 
     mse(ref, shards.global_batch(t)).backward();
     ref_opt.step();
   }
-  const double err = max_param_error(model, ref);
-  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+
+  void check_matches_reference() {
+    const double err = max_param_error(model, ref);
+    CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  }
+
+  const Shards shards;
+  Net model = make_net();
+  Net ref{nullptr};
+};
+
+}  // namespace
+
+TEST_CASE_FIXTURE(SameStart,
+                  "SGD with momentum: N ranks with batch b equal one process with batch N*b") {
+  CHECK(parameters_identical_on_all_ranks(*model));
+  Net start = clone_net(model);
+
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizer dist(opt, model->named_parameters());
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  const int steps = 6;
+  for (int t = 0; t < steps; ++t) step_both(dist, ref_opt, t);
+  check_matches_reference();
   CHECK(max_param_error(model, start) > 1e-3);  // the weights moved: the check can fail
   CHECK(parameters_identical_on_all_ranks(*model));
 }
 
-TEST_CASE("backward_passes_per_step = 2 through the hooks equals a 2 times larger batch") {
-  dtrain::init();
-  const Shards shards;
-  Net model = make_net();
-  dtrain::broadcast_module(*model, 0);
-  Net ref = clone_net(model);
+TEST_CASE_FIXTURE(SameStart,
+                  "backward_passes_per_step = 2 through the hooks equals a 2 times larger batch") {
   torch::optim::SGD opt(model->parameters(), sgd_options());
   DistributedOptimizerOptions options;
   options.backward_passes_per_step = 2;
@@ -172,17 +189,12 @@ TEST_CASE("backward_passes_per_step = 2 through the hooks equals a 2 times large
     mse(ref, shards.global_batch(t, 2)).backward();
     ref_opt.step();
   }
-  const double err = max_param_error(model, ref);
-  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  check_matches_reference();
 }
 
-TEST_CASE("a parameter without a gradient on some ranks or steps is averaged with zeros") {
-  dtrain::init();
-  const Shards shards;
+TEST_CASE_FIXTURE(SameStart,
+                  "a parameter without a gradient on some ranks or steps is averaged with zeros") {
   const int n = world_size(), me = world_rank();
-  Net model = make_net();
-  dtrain::broadcast_module(*model, 0);
-  Net ref = clone_net(model);
   Net start = clone_net(model);
   torch::optim::SGD opt(model->parameters(), sgd_options());
   DistributedOptimizer dist(opt, model->named_parameters());
@@ -206,17 +218,12 @@ TEST_CASE("a parameter without a gradient on some ranks or steps is averaged wit
       CHECK(torch::equal(model->aux->weight, start->aux->weight));
     }
   }
-  const double err = max_param_error(model, ref);
-  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  check_matches_reference();
   CHECK(parameters_identical_on_all_ranks(*model));
 }
 
-TEST_CASE("zero_grad() waits for allreduces that backward started, then zeros") {
-  dtrain::init();
-  const Shards shards;
-  Net model = make_net();
-  dtrain::broadcast_module(*model, 0);
-  Net ref = clone_net(model);
+TEST_CASE_FIXTURE(SameStart,
+                  "zero_grad() waits for allreduces that backward started, then zeros") {
   torch::optim::SGD opt(model->parameters(), sgd_options());
   DistributedOptimizer dist(opt, model->named_parameters());
   torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
@@ -230,16 +237,8 @@ TEST_CASE("zero_grad() waits for allreduces that backward started, then zeros") 
   }
 
   // Training continues normally: the same names are submitted again.
-  for (int t = 1; t <= 3; ++t) {
-    dist.zero_grad();
-    mse(model, shards.rank_batch(world_rank(), t)).backward();
-    CHECK(dist.step());
-    ref_opt.zero_grad();
-    mse(ref, shards.global_batch(t)).backward();
-    ref_opt.step();
-  }
-  const double err = max_param_error(model, ref);
-  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  for (int t = 1; t <= 3; ++t) step_both(dist, ref_opt, t);
+  check_matches_reference();
 }
 
 TEST_CASE("fp16 compression of torch gradients stays within 16-bit rounding of the average") {
@@ -342,12 +341,8 @@ TEST_CASE("broadcast_module + broadcast_optimizer_state make Adam identical on e
   CHECK(parameters_identical_on_all_ranks(*model));
 }
 
-TEST_CASE("named_parameters that miss a parameter, empty names, duplicates: clear errors") {
-  dtrain::init();
-  const Shards shards;
-  Net model = make_net();
-  dtrain::broadcast_module(*model, 0);
-  Net ref = clone_net(model);
+TEST_CASE_FIXTURE(SameStart,
+                  "named_parameters that miss a parameter, empty names, duplicates: clear errors") {
   torch::optim::SGD opt(model->parameters(), sgd_options());
   using dtrain::InvalidArgumentError;
 
@@ -386,24 +381,12 @@ TEST_CASE("named_parameters that miss a parameter, empty names, duplicates: clea
   // After all these failures the model trains normally with a correct wrapper.
   torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
   DistributedOptimizer dist(opt, model->named_parameters());
-  for (int t = 0; t < 2; ++t) {
-    dist.zero_grad();
-    mse(model, shards.rank_batch(world_rank(), t)).backward();
-    CHECK(dist.step());
-    ref_opt.zero_grad();
-    mse(ref, shards.global_batch(t)).backward();
-    ref_opt.step();
-  }
-  const double err = max_param_error(model, ref);
-  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative error {:.3e}", err));
+  for (int t = 0; t < 2; ++t) step_both(dist, ref_opt, t);
+  check_matches_reference();
 }
 
-TEST_CASE("one DistributedOptimizer per parameter; its hooks go with it") {
-  dtrain::init();
-  const Shards shards;
-  Net model = make_net();
-  dtrain::broadcast_module(*model, 0);
-  Net ref = clone_net(model);
+TEST_CASE_FIXTURE(SameStart,
+                  "one DistributedOptimizer per parameter; its hooks go with it") {
   torch::optim::SGD opt(model->parameters(), sgd_options());
   using dtrain::InvalidArgumentError;
 

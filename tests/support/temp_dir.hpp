@@ -1,20 +1,23 @@
 #pragma once
-// A fresh directory under the system temp dir, removed with everything in it on destruction.
+// A fresh directory under the system temp dir, removed with everything in it on destruction, and
+// the text files tests write into it.
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <system_error>
 
-namespace resnet::test {
+namespace dtrain::test {
 
 class TempDir {
  public:
-  TempDir() {
+  explicit TempDir(std::string_view prefix = "dtrain-test-") {
     std::random_device entropy;
     const auto base = std::filesystem::temp_directory_path();
     for (;;) {
-      path_ = base / ("resnet-example-test-" + std::to_string(entropy()));
+      path_ = base / (std::string(prefix) + std::to_string(entropy()));
       if (std::filesystem::create_directory(path_)) break;
     }
   }
@@ -32,4 +35,8 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-}  // namespace resnet::test
+inline void write_text(const std::filesystem::path& file, const std::string& text) {
+  std::ofstream(file, std::ios::binary) << text;
+}
+
+}  // namespace dtrain::test
