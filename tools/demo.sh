@@ -11,6 +11,7 @@ build=${DTRAIN_BUILD_DIR:-$root/build}
 
 "$root/tools/install-deps.sh" --torch
 torch_prefix=$("$root/tools/setup-libtorch.sh")  # PyPI's torch wheel in .venv/: libtorch for C++
+unset DTRAIN_TORCH_VENV  # a setting of this script, not of dtrain: the ranks would warn about it
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_MPI=mpich \
   -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON
 cmake --build "$build" -j "$(nproc)" --target resnet_train
