@@ -3,6 +3,8 @@
 // back with its default and fail here), and bytes that do not decode fail with a clear error.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "dtrain/runtime/messages.hpp"
@@ -116,6 +118,17 @@ TEST_CASE("bytes that do not decode are an error, not a wrong message") {
   std::vector<char> longer = encode(RequestMessage{});
   longer.push_back(0);
   CHECK_THROWS_AS(decode<RequestMessage>(longer), Error);
+
+  // A length whose byte count wraps around 64 bits (here 2^61 ids of 8 bytes) is refused before
+  // anything is allocated.
+  RequestMessage ids;
+  ids.cached = {1};
+  std::vector<char> corrupt = encode(ids);
+  const std::size_t at = sizeof(ids.rank) + sizeof(ids.responses_applied) + sizeof(std::uint64_t);
+  const std::uint64_t huge = std::uint64_t{1} << 61;
+  std::memcpy(corrupt.data() + at, &huge, sizeof(huge));
+  CHECK_THROWS_WITH_AS(decode<RequestMessage>(corrupt),
+                       doctest::Contains("control message does not decode"), Error);
 }
 
 }  // TEST_SUITE

@@ -133,8 +133,7 @@ class ObjectReader {
       using E = typename T::value_type;
       const auto n = count();
       if constexpr (std::is_trivially_copyable_v<E> && !std::is_same_v<E, bool>) {
-        if (n > static_cast<std::uint64_t>(end_ - p_) / sizeof(E)) need(end_ - p_ + 1);
-        need(n * sizeof(E));
+        need(n, sizeof(E));
         v.resize(n);
         std::memcpy(v.data(), p_, n * sizeof(E));
         p_ += n * sizeof(E);
@@ -188,8 +187,10 @@ class ObjectReader {
     read(n);
     return n;
   }
-  void need(std::size_t n) const {
-    if (static_cast<std::size_t>(end_ - p_) < n)
+  // `count` items of `size` bytes remain; checked without multiplying, so a corrupt count
+  // cannot wrap around.
+  void need(std::uint64_t count, std::size_t size = 1) const {
+    if (count > static_cast<std::uint64_t>(end_ - p_) / size)
       throw InvalidArgumentError("dtrain: object deserialization ran past the end of the data: "
                                  "the ranks disagree on the object's type, or a custom "
                                  "dtrain_serialize/dtrain_deserialize pair is inconsistent");
