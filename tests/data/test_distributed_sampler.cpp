@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
-#include "support/error_message.hpp"
+#include "support/messages.hpp"
 
 namespace {
 
