@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "support/messages.hpp"
+
 namespace {
 
 // Goyal et al.'s ImageNet recipe on 8 workers: 0.1 per worker, 5 warmup epochs, drops by 10x
@@ -28,12 +30,7 @@ dtrain::LrScheduleOptions goyal(dtrain::Decay decay) {
 }
 
 std::string message_of(const dtrain::LrScheduleOptions& o) {
-  try {
-    dtrain::LrSchedule schedule(o);
-  } catch (const dtrain::InvalidArgumentError& e) {
-    return e.what();
-  }
-  return "no exception";
+  return dtrain::test::message_of([&] { dtrain::LrSchedule schedule(o); });
 }
 
 }  // namespace
