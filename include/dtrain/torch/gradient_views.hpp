@@ -56,7 +56,7 @@ class GradientViews {
       if (!p.requires_grad()) continue;
       check_parameter(p, static_cast<std::size_t>(parameters.rend() - it - 1));
       auto [g, added] = group_of.emplace(p.scalar_type(), groups_.size());
-      if (added) groups_.emplace_back().dtype = p.scalar_type();
+      if (added) groups_.emplace_back();
       groups_[g->second].params.push_back(p);
     }
     for (auto& group : groups_) {
@@ -116,7 +116,6 @@ class GradientViews {
 
  private:
   struct Group {
-    torch::ScalarType dtype;
     std::vector<torch::Tensor> params;  // backward order
     std::vector<torch::Tensor> views;
     std::shared_ptr<GradientBuffer<std::byte>> buffer;
