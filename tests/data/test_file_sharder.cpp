@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "support/messages.hpp"
+#include "support/error_message.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "dtrain/data/permutation.hpp"
-#include "support/messages.hpp"
+#include "support/error_message.hpp"
 
 namespace {
 
