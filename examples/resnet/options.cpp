@@ -38,6 +38,9 @@ epoch and gradients are averaged before each step, so the global batch is N x --
   --seed N                  seed of initialisation, shuffling and augmentation (default 42)
   --threads N               intra-op threads per rank (default 0: the cores this process may
                             use, divided by the ranks on the host, at least 1)
+  --bucket-mb X             submit gradients for averaging in buckets of X MiB (default:
+                            dtrain's choice by device: one bucket per step on the CPU, 25 MiB
+                            on GPUs; 0: each gradient as soon as backward produces it)
   --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)
   --eval-samples N          evaluate on the first N test samples (default 0: all)
   --augment                 random crop with padding and horizontal flip
@@ -88,6 +91,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
          o.seed = parse_number<std::uint64_t>(flag, value);
        }},
       {"threads", integer(o.threads, 0)},
+      {"bucket-mb", real(o.bucket_mb, 0.0, huge, ">= 0")},
       {"max-steps-per-epoch", integer(o.max_steps_per_epoch, 0)},
       {"eval-samples", integer(o.eval_samples, 0)},
       {"image-size", integer(o.image_size, 1)},

@@ -155,13 +155,13 @@ Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SG
       loss = torch::nn::functional::cross_entropy(logits, batch.labels);
     }
     {
-      // dtrain: each gradient's allreduce starts from its hook as soon as backward has made it.
+      // dtrain: hooks put each gradient in a bucket as soon as backward has made it.
       auto phase = profiler.phase(dtrain::Phase::backward);
       loss.backward();
     }
     {
       auto phase = profiler.phase(dtrain::Phase::communication_wait);
-      optimizer.synchronize();  // dtrain: the gradients are averaged over the ranks
+      optimizer.synchronize();  // dtrain: the gradients are averaged over the ranks (what is left)
     }
     {
       auto phase = profiler.phase(dtrain::Phase::optimizer);
@@ -329,8 +329,11 @@ int run(const TrainOptions& options) {
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
                                                  .momentum(options.momentum)
                                                  .weight_decay(options.weight_decay));
-  // dtrain: gradients are averaged over the ranks, each allreduce starting while backward runs.
-  dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters());
+  // dtrain: gradients are averaged over the ranks (in buckets; --bucket-mb to choose their size).
+  dtrain::DistributedOptimizerOptions sync_options;
+  if (options.bucket_mb >= 0)
+    sync_options.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * (1 << 20));
+  dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters(), sync_options);
 
   // dtrain: this rank's shard of every epoch, a permutation fixed by (seed, epoch).
   dtrain::DistributedSampler sampler(data.train.size(),

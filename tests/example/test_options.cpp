@@ -30,6 +30,7 @@ TEST_CASE("no flags: the defaults") {
   CHECK(o.epochs == 3);
   CHECK(o.batch_size == 128);
   CHECK(o.threads == 0);
+  CHECK(o.bucket_mb < 0);  // DistributedOptimizer's default
   CHECK_FALSE(o.scale_lr);
   CHECK(o.norm == "batch");
   CHECK(o.stem == "auto");
@@ -61,6 +62,7 @@ TEST_CASE("every flag, in both spellings") {
                                                                 "123",
                                                                 "--threads",
                                                                 "2",
+                                                                "--bucket-mb=0.5",
                                                                 "--max-steps-per-epoch",
                                                                 "10",
                                                                 "--eval-samples=500",
@@ -97,6 +99,7 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.stem == "small");
   CHECK(o.seed == 123);
   CHECK(o.threads == 2);
+  CHECK(o.bucket_mb == doctest::Approx(0.5));
   CHECK(o.max_steps_per_epoch == 10);
   CHECK(o.eval_samples == 500);
   CHECK(o.augment);
@@ -141,6 +144,7 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
   CHECK(usage_error({"--checkpoint-every", "10"}) ==
         "--checkpoint-every needs --checkpoint-dir: the folder that holds the checkpoints");
   CHECK(usage_error({"--keep-checkpoints", "-1"}) == "--keep-checkpoints must be >= 0, got -1");
+  CHECK(usage_error({"--bucket-mb", "-1"}) == "--bucket-mb must be >= 0, got -1");
   CHECK(usage_error({"--crash-rank", "0"}) == "--crash-rank and --crash-after-step go together");
   CHECK(usage_error({"--epochs", "2", "--warmup-epochs", "3"}) ==
         "--warmup-epochs (3) must not exceed --epochs (2)");
@@ -157,7 +161,7 @@ TEST_CASE("the usage text documents every flag") {
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
         "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
-        "--crash-rank",     "--crash-after-step"}) {
+        "--crash-rank",     "--crash-after-step", "--bucket-mb"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -1,8 +1,10 @@
 // The libtorch path: DistributedOptimizer over torch::optim optimizers (gradients submitted from
 // autograd hooks), broadcast_module and broadcast_optimizer_state. Every distributed run is
 // compared with a single-process reference computed on every rank from the same data.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -154,13 +156,25 @@ struct SameStart : Started {
 
 }  // namespace
 
+// The bucket sizes that submit gradients at different points: all by step() (the default for
+// CPU gradients), each from its hook, and some during backward with the rest held for step().
+DistributedOptimizerOptions bucket_variant() {
+  DistributedOptimizerOptions options;
+  SUBCASE("default buckets (one per backward on the CPU)") {}
+  SUBCASE("bucket_bytes = 0: each gradient from its hook") { options.bucket_bytes = 0; }
+  SUBCASE("bucket_bytes = 100: some during backward, the rest by step()") {
+    options.bucket_bytes = 100;
+  }
+  return options;
+}
+
 TEST_CASE_FIXTURE(SameStart,
                   "SGD with momentum: N ranks with batch b equal one process with batch N*b") {
   CHECK(parameters_identical_on_all_ranks(*model));
   Net start = clone_net(model);
 
   torch::optim::SGD opt(model->parameters(), sgd_options());
-  DistributedOptimizer dist(opt, model->named_parameters());
+  DistributedOptimizer dist(opt, model->named_parameters(), bucket_variant());
   torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
   const int steps = 6;
   for (int t = 0; t < steps; ++t) step_both(dist, ref_opt, t);
@@ -172,7 +186,7 @@ TEST_CASE_FIXTURE(SameStart,
 TEST_CASE_FIXTURE(SameStart,
                   "backward_passes_per_step = 2 through the hooks equals a 2 times larger batch") {
   torch::optim::SGD opt(model->parameters(), sgd_options());
-  DistributedOptimizerOptions options;
+  DistributedOptimizerOptions options = bucket_variant();
   options.backward_passes_per_step = 2;
   DistributedOptimizer dist(opt, model->named_parameters(), options);
   torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
@@ -197,7 +211,7 @@ TEST_CASE_FIXTURE(SameStart,
   const int n = world_size(), me = world_rank();
   Net start = clone_net(model);
   torch::optim::SGD opt(model->parameters(), sgd_options());
-  DistributedOptimizer dist(opt, model->named_parameters());
+  DistributedOptimizer dist(opt, model->named_parameters(), bucket_variant());
   torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
   // Step 0: nobody uses the aux head (its gradient is undefined everywhere). Steps 1 and 2: only
   // odd ranks use it. Step 3: everybody does.
@@ -223,13 +237,14 @@ TEST_CASE_FIXTURE(SameStart,
 }
 
 TEST_CASE_FIXTURE(SameStart,
-                  "zero_grad() waits for allreduces that backward started, then zeros") {
+                  "zero_grad() submits what backward left held, waits for it, then zeros") {
   torch::optim::SGD opt(model->parameters(), sgd_options());
-  DistributedOptimizer dist(opt, model->named_parameters());
+  DistributedOptimizer dist(opt, model->named_parameters(), bucket_variant());
   torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
 
   // A backward whose gradients are thrown away: the hooks have submitted their allreduces, which
-  // may still be in flight and would write into the gradients after a plain zero_grad.
+  // may still be in flight and would write into the gradients after a plain zero_grad, or hold
+  // them in a bucket that zero_grad submits, so no rank waits for another's.
   mse(model, shards.rank_batch(world_rank(), 0)).backward();
   dist.zero_grad();
   for (auto& p : model->parameters()) {
@@ -239,6 +254,90 @@ TEST_CASE_FIXTURE(SameStart,
   // Training continues normally: the same names are submitted again.
   for (int t = 1; t <= 3; ++t) step_both(dist, ref_opt, t);
   check_matches_reference();
+}
+
+namespace {
+
+// Requests this rank's engine has sent, once it has sent at least `expected` more than `base`
+// (or 10 s have passed) and a little longer, so that one too many would have shown.
+std::uint64_t requests_after(std::uint64_t base, std::uint64_t expected) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (dtrain::engine_stats().requests_sent < base + expected &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  return dtrain::engine_stats().requests_sent - base;
+}
+
+// Three bias-free layers, one parameter each, whose gradients backward produces in a known order:
+// fc3 (96 bytes), fc2 (256), fc1 (128).
+torch::nn::Linear unbiased(std::int64_t in, std::int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+struct ChainImpl : torch::nn::Module {
+  ChainImpl()
+      : fc1(register_module("fc1", unbiased(4, 8))),
+        fc2(register_module("fc2", unbiased(8, 8))),
+        fc3(register_module("fc3", unbiased(8, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3(torch::tanh(fc2(torch::tanh(fc1(x)))));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Chain);
+
+}  // namespace
+
+TEST_CASE("bucket_bytes decides which gradients backward submits and which wait for step()") {
+  dtrain::init();
+  Chain chain;
+  dtrain::broadcast_module(*chain, 0);
+  torch::optim::SGD opt(chain->parameters(), sgd_options());
+  const Batch b = samples(std::vector<std::int64_t>{world_rank(), world_rank() + 5});
+  auto backward = [&] { torch::mse_loss(chain->forward(b.x), b.y).backward(); };
+
+  // How many allreduces backward submitted, and how many step() added.
+  auto submitted = [&](DistributedOptimizerOptions options, std::uint64_t during,
+                       std::uint64_t by_step) {
+    DistributedOptimizer dist(opt, chain->named_parameters(), options);
+    dist.zero_grad();
+    const auto base = dtrain::engine_stats().requests_sent;
+    backward();
+    CHECK(requests_after(base, during) == during);
+    CHECK(dist.step());
+    CHECK(requests_after(base, during + by_step) == during + by_step);
+  };
+  SUBCASE("CPU gradients by default: one bucket, submitted by step()") {
+    submitted({}, 0, 3);
+  }
+  SUBCASE("0: each from its hook") {
+    DistributedOptimizerOptions options;
+    options.bucket_bytes = 0;
+    submitted(options, 3, 0);
+  }
+  SUBCASE("300 bytes: fc3 and fc2 fill a bucket; fc1 is held for step()") {
+    DistributedOptimizerOptions options;
+    options.bucket_bytes = 300;
+    submitted(options, 2, 1);
+  }
+  SUBCASE("zero_grad() submits what is held and waits for it") {
+    DistributedOptimizer dist(opt, chain->named_parameters());
+    dist.zero_grad();
+    const auto base = dtrain::engine_stats().requests_sent;
+    backward();
+    CHECK(requests_after(base, 0) == 0);
+    dist.zero_grad();
+    CHECK(dtrain::engine_stats().requests_sent - base == 3);
+    for (auto& p : chain->parameters())  // libtorch's zero_grad undefines gradients by default
+      CHECK((!p.grad().defined() || p.grad().abs().max().item<double>() == 0.0));
+  }
+  SUBCASE("a negative size is refused by name") {
+    DistributedOptimizerOptions options;
+    options.bucket_bytes = -1;
+    CHECK_THROWS_WITH_AS(DistributedOptimizer(opt, chain->named_parameters(), options),
+                         doctest::Contains("DistributedOptimizerOptions::bucket_bytes = -1"),
+                         dtrain::InvalidArgumentError);
+  }
 }
 
 TEST_CASE("fp16 compression of torch gradients stays within 16-bit rounding of the average") {

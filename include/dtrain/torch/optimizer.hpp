@@ -3,10 +3,27 @@
 //
 // Note [Gradient hooks]
 // A post-accumulate-grad hook on each parameter fires right after backward has written that
-// parameter's gradient into .grad(), and submits its allreduce at once: communication of the last
-// layers' gradients overlaps the backward pass of the first layers. step() then waits for every
-// handle, submits the gradients whose hook never fired (parameters unused in this step: zeros if
-// they have no gradient, so every rank still submits the same names), and applies the update.
+// parameter's gradient into .grad(), and puts it in the current bucket; a bucket is submitted
+// (one allreduce per gradient, which the engine fuses) as soon as it holds bucket_bytes, so
+// communication of the last layers' gradients can overlap the backward pass of the first layers
+// (Note [Gradient buckets]). step() submits what is still held and the gradients whose hook never
+// fired (parameters unused in this step: zeros if they have no gradient, so every rank still
+// submits the same names), waits for every handle, and applies the update. zero_grad() submits
+// what is held and waits too, so a backward without a step leaves no rank waiting for another.
+//
+// Note [Gradient buckets]
+// Every submission is a point where the ranks meet: the allreduce starts only once every rank has
+// submitted, and a rank that is ahead waits for the others. Fewer, larger submissions mean fewer
+// meetings; overlap with backward needs some before backward ends. Which wins depends on where the
+// reduction runs. On a GPU it runs on a stream beside the compute kernels, and overlap hides it:
+// the default for CUDA gradients is 25 MiB buckets, as DDP's bucket_cap_mb. On the host it runs on
+// the same cores as backward (the engine thread, MPI's shared-memory copies), so overlap moves work
+// rather than hiding it, and each meeting costs the rank that arrives first CPU time spent waiting
+// in MPI: the default for CPU gradients is one bucket per backward, submitted by step(). With
+// ranks that fill the cores it beat both 25 MiB buckets and a submission per hook on ResNet-20 and
+// ResNet-18 (docs/performance.md, "Gradient buckets"). Set bucket_bytes where overlap pays on the
+// host, e.g. ranks that leave cores idle while a slow network carries the gradients; 0 submits
+// each gradient from its hook.
 //
 // The hook is libtorch's torch::autograd::PostAccumulateGradHook (libtorch >= 2.1), the hook that
 // backs Python's Tensor.register_post_accumulate_grad_hook: it lives in the parameter's own
@@ -19,10 +36,12 @@
 // in 2.x).
 #include <torch/torch.h>
 
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -188,16 +207,14 @@ class DistributedOptimizer<Opt> {
 
   // Completes the allreduce of every gradient now (submitting those whose hook did not fire).
   void synchronize() {
-    for (auto& s : slots_) {
-      std::lock_guard lock(s->mutex);
-      if (!s->handle.valid()) submit(*s);
-    }
+    flush();
     wait_pending();
     for (auto& s : slots_) s->passes = 0;
   }
 
   // Waits for in-flight allreduces before clearing the gradients they write into.
   void zero_grad() {
+    submit_held();
     wait_pending();
     opt_->zero_grad();
   }
@@ -217,6 +234,7 @@ class DistributedOptimizer<Opt> {
     bool hooked = false;
     std::mutex mutex;  // the hook runs on autograd's thread
     int passes = 0;
+    bool held = false;  // in the bucket, not yet submitted
     Handle handle;
     torch::Tensor wire;  // compressed copy in flight
   };
@@ -265,13 +283,60 @@ class DistributedOptimizer<Opt> {
   }
 
   void on_gradient(Slot& s) {
-    std::lock_guard lock(s.mutex);
-    if (++s.passes < options_.backward_passes_per_step || s.handle.valid()) return;
-    submit(s);
+    std::int64_t bytes = 0, capacity = 0;
+    {
+      std::lock_guard lock(s.mutex);
+      if (++s.passes < options_.backward_passes_per_step || s.handle.valid() || s.held) return;
+      const auto& grad = s.param.grad();
+      capacity = options_.bucket_bytes.value_or(
+          grad.defined() && !grad.is_cpu() ? kDeviceBucketBytes : kWholeBackward);
+      if (capacity == 0) {
+        submit(s);
+        return;
+      }
+      s.held = true;
+      if (grad.defined()) bytes = grad.numel() * static_cast<std::int64_t>(grad.element_size());
+    }
+    std::vector<Slot*> full;
+    {
+      std::lock_guard lock(bucket_mutex_);
+      bucket_.push_back(&s);
+      bucket_fill_ += bytes;
+      if (bucket_fill_ < capacity) return;
+      full.swap(bucket_);
+      bucket_fill_ = 0;
+    }
+    submit_unsubmitted(full);
+  }
+
+  // Submits every gradient not yet submitted this step: the held ones first, in the order their
+  // hooks fired (backward order), then those whose hook never fired.
+  void flush() {
+    submit_held();
+    for (auto& s : slots_) submit_unsubmitted(std::span(&s, 1));
+  }
+
+  void submit_held() {
+    std::vector<Slot*> held;
+    {
+      std::lock_guard lock(bucket_mutex_);
+      held.swap(bucket_);
+      bucket_fill_ = 0;
+    }
+    submit_unsubmitted(held);
+  }
+
+  template <class Slots>
+  void submit_unsubmitted(const Slots& slots) {
+    for (const auto& s : slots) {
+      std::lock_guard lock(s->mutex);
+      if (!s->handle.valid()) submit(*s);
+    }
   }
 
   // Caller holds s.mutex.
   void submit(Slot& s) {
+    s.held = false;
     torch::NoGradGuard no_grad;
     auto& grad = s.param.mutable_grad();
     if (!grad.defined()) grad = torch::zeros_like(s.param);
@@ -303,11 +368,18 @@ class DistributedOptimizer<Opt> {
     if (first) std::rethrow_exception(first);
   }
 
+  // Note [Gradient buckets]
+  static constexpr std::int64_t kDeviceBucketBytes = std::int64_t{25} << 20;
+  static constexpr std::int64_t kWholeBackward = std::numeric_limits<std::int64_t>::max();
+
   Opt* opt_;
   DistributedOptimizerOptions options_;
   std::string prefix_;
   detail::StepGate gate_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::mutex bucket_mutex_;
+  std::vector<Slot*> bucket_;  // held gradients, in the order their hooks fired
+  std::int64_t bucket_fill_ = 0;
 };
 
 // Class template argument deduction does not see a partial specialization's constructors.

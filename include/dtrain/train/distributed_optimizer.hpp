@@ -20,6 +20,7 @@
 // called at any time to flush.
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <ranges>
 #include <string>
 #include <type_traits>
@@ -59,6 +60,9 @@ struct DistributedOptimizerOptions {
   double gradient_predivide_factor = 1.0;       // Average only: divide by f before the sum and
                                                 // multiply by f/size after (overflow control)
   std::string name = {};                        // group name; empty: generated
+  // libtorch hooks only (Note [Gradient buckets] in torch/optimizer.hpp): gradients are submitted
+  // in groups of at least this many bytes; 0: each as backward produces it; unset: by device.
+  std::optional<std::int64_t> bucket_bytes = std::nullopt;
 };
 
 namespace detail {
@@ -75,6 +79,11 @@ inline void validate(const DistributedOptimizerOptions& o) {
     throw InvalidArgumentError(fmt::format(
         "dtrain: DistributedOptimizerOptions::gradient_predivide_factor = {}: must be a positive "
         "finite number", o.gradient_predivide_factor));
+  if (o.bucket_bytes && *o.bucket_bytes < 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::bucket_bytes = {}: must be at least 0 (0: each "
+        "gradient is submitted as backward produces it)",
+        *o.bucket_bytes));
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
     throw InvalidArgumentError(
         "dtrain: DistributedOptimizerOptions::gradient_predivide_factor applies to "
