@@ -13,7 +13,8 @@
 # both sides load the same libtorch), MPIEXEC (default mpiexec.mpich), ROUNDS (default 3),
 # CONFIGS (default "resnet20:32:64 resnet18:64:32", model:image px:batch per rank), STEPS (steps
 # per epoch, default 8), EPOCHS (default 3; the first is warm-up and not counted), THREADS (per
-# rank, default 1: 2 ranks x 1 thread fill 2 cores).
+# rank, default 1: 2 ranks x 1 thread fill 2 cores), BUCKETS (default empty: --bucket-mb values to
+# run as further dtrain 2-rank variants next to the trainer's default, e.g. "0 25").
 #
 # Every run prints one RESULT line: its median step time over the measured epochs, and its best
 # epoch's. The table at the end has, over the rounds, the median of the former and the minimum of
@@ -33,6 +34,7 @@ configs=${CONFIGS:-"resnet20:32:64 resnet18:64:32"}
 steps=${STEPS:-8}
 epochs=${EPOCHS:-3}
 threads=${THREADS:-1}
+buckets=${BUCKETS:-}
 
 if [[ ! -x $trainer ]]; then
   echo "error: $trainer is missing; build the resnet_train target of $build_dir first" >&2
@@ -57,13 +59,20 @@ echo "# $rounds rounds, $epochs epochs of $steps steps per run (first epoch not 
 echo "# load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # One run of the C++ trainer; prints its RESULT line in the Python script's format.
+# A fifth argument runs the trainer with --bucket-mb of that value.
 run_cpp() {
-  local ranks=$1 model=$2 image=$3 batch=$4 impl
+  local ranks=$1 model=$2 image=$3 batch=$4 bucket=${5:-} impl
   local samples=$((ranks * steps * batch))
+  local extra=()
   impl=$([[ $ranks == 1 ]] && echo cpp || echo dtrain)
+  if [[ -n $bucket ]]; then
+    impl="dtrain_bucket_$bucket"
+    extra=(--bucket-mb "$bucket")
+  fi
   "$mpiexec" -n "$ranks" "$trainer" --dataset synthetic --synthetic-samples "$samples" \
     --image-size "$image" --model "$model" --batch-size "$batch" --epochs "$epochs" \
-    --max-steps-per-epoch "$steps" --eval-samples "$batch" --threads "$threads" --seed 42 |
+    --max-steps-per-epoch "$steps" --eval-samples "$batch" --threads "$threads" --seed 42 \
+    "${extra[@]}" |
     tee -a /dev/stderr |
     awk '/^epoch / { n++; for (i = 1; i <= NF; ++i) if ($i == "img/s" && n > 1) print $(i - 1) }' |
     sort -g |
@@ -90,14 +99,16 @@ run_py() {
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 variants=("py 1" "cpp 1" "py 2" "cpp 2")
+for mb in $buckets; do variants+=("cpp 2 $mb"); done
 for ((r = 0; r < rounds; ++r)); do
   for config in $configs; do
     IFS=: read -r model image batch <<<"$config"
     # The order rotates every round, so no variant always runs first (or after the same one).
     for ((v = 0; v < ${#variants[@]}; ++v)); do
-      read -r side ranks <<<"${variants[(v + r) % ${#variants[@]}]}"
-      echo "## round $((r + 1)): $side, $ranks ranks, $model ${image}px batch $batch" >&2
-      line=$("run_$side" "$ranks" "$model" "$image" "$batch") || {
+      read -r side ranks bucket <<<"${variants[(v + r) % ${#variants[@]}]}"
+      echo "## round $((r + 1)): $side, $ranks ranks, $model ${image}px batch $batch" \
+        "${bucket:+--bucket-mb $bucket}" >&2
+      line=$("run_$side" "$ranks" "$model" "$image" "$batch" $bucket) || {
         echo "error: the $side run with $ranks ranks of $model printed no result" >&2
         exit 1
       }
@@ -129,14 +140,19 @@ for model, image, batch in models:
           "| scaling efficiency (median / min) | runs |")
     print("|---|---|---|---|---|---|---|")
     med, low = {}, {}
-    for impl in ("python", "cpp", "ddp", "dtrain"):
+    bucket_impls = sorted({k[3] for k in median_ms if k[:3] == (model, image, batch)
+                           and k[3].startswith("dtrain_bucket_")},
+                          key=lambda impl: float(impl.rsplit("_", 1)[1]))
+    for impl in ["python", "cpp", "ddp", "dtrain"] + bucket_impls:
         ranks = 1 if impl in ("python", "cpp") else 2
         key = (model, image, batch, impl, ranks)
         if key not in median_ms:
             continue
         med[impl] = statistics.median(median_ms[key])
         low[impl] = min(best_ms[key])
-        single = {"ddp": "python", "dtrain": "cpp"}.get(impl)
+        if impl.startswith("dtrain_bucket_"):
+            names[impl] = f"dtrain C++ trainer, 2 ranks, --bucket-mb {impl.rsplit('_', 1)[1]}"
+        single = "python" if impl == "ddp" else "cpp" if impl.startswith("dtrain") else None
         eff = f"{med[single] / med[impl]:.2f} / {low[single] / low[impl]:.2f}" if single in med else ""
         print(f"| {names[impl]} | {med[impl]:.1f} ms | {low[impl]:.1f} ms "
               f"| {ranks * int(batch) * 1000 / med[impl]:.1f} | {ranks * int(batch) * 1000 / low[impl]:.1f} "
@@ -148,5 +164,9 @@ for model, image, batch in models:
     if "dtrain" in med and "ddp" in med:
         print(f"- dtrain / DDP 2-rank step: {med['dtrain'] / med['ddp']:.2f} (medians), "
               f"{low['dtrain'] / low['ddp']:.2f} (minima); target <= 1.00")
+    for impl in bucket_impls:
+        if impl in med and "ddp" in med:
+            print(f"- {names[impl].split(', ')[-1]}: dtrain / DDP 2-rank step "
+                  f"{med[impl] / med['ddp']:.2f} (medians), {low[impl] / low['ddp']:.2f} (minima)")
     print()
 EOF
