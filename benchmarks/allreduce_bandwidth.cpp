@@ -7,16 +7,67 @@
 //   raw-chunked   the same buffer as MPI_Allreduce calls of DTRAIN_MPI_CHUNK_BYTES each, i.e. what
 //                 dtrain hands MPI; shows how much of dtrain's lead on large messages is chunking
 //   raw avg       MPI_Allreduce(MPI_SUM) then a 1/n loop: an average written by hand
+//   raw thread    the raw call made by a helper thread that the caller hands it to and waits
+//                 for (a mutex and a condition variable each way, as with dtrain's engine
+//                 thread): what running the collective off the caller's thread costs by itself
 // Every buffer is allocated and touched once, before the first round.
 //
 // Usage: mpiexec -n <ranks> bench_allreduce_bandwidth [--rounds=10] [--min-bytes=4096]
 //        [--max-bytes=67108864]
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
 
 #include "bench_common.hpp"
+
+namespace {
+
+// Runs one function at a time on its own thread; the caller blocks until it is done.
+class HelperThread {
+ public:
+  HelperThread() : thread_([this] { loop(); }) {}
+  ~HelperThread() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void run(std::function<void()> f) {
+    std::unique_lock lock(mutex_);
+    work_ = std::move(f);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return !work_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || static_cast<bool>(work_); });
+      if (stop_) return;
+      lock.unlock();
+      work_();
+      lock.lock();
+      work_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void()> work_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   bench::MpiProcess mpi(argc, argv);
@@ -49,6 +100,10 @@ int main(int argc, char** argv) {
     for (int r = 0; r < reps; ++r) op();
     return mpi.max_over_ranks(bench::seconds_since(t0) / reps);
   };
+
+  HelperThread helper;
+  MPI_Comm helper_comm;  // the helper's own: the caller's barriers never meet its allreduces
+  MPI_Comm_dup(mpi.comm(), &helper_comm);
 
   bench::Samples samples;
   for (int round = -1; round < rounds; ++round) {  // round -1 warms up (cache ids, MPI paths)
@@ -88,11 +143,20 @@ int main(int argc, char** argv) {
                           MPI_FLOAT, MPI_SUM, mpi.comm());
         });
       };
+      auto run_raw_thread = [&] {
+        return time_reps(reps, [&] {
+          helper.run([&] {
+            MPI_Allreduce(MPI_IN_PLACE, theirs[i].data(), static_cast<int>(theirs[i].size()),
+                          MPI_FLOAT, MPI_SUM, helper_comm);
+          });
+        });
+      };
       // Alternate the order so neither strategy always runs on a cache warmed by the other.
-      double d = 0, r = 0, rc = 0, da = 0, ra = 0;
+      double d = 0, r = 0, rc = 0, da = 0, ra = 0, rt = 0;
       if (round % 2 == 0) {
         d = run_dtrain();
         r = run_raw();
+        rt = run_raw_thread();
         da = run_dtrain_avg();
         ra = run_raw_avg();
         rc = run_raw_chunked();
@@ -100,6 +164,7 @@ int main(int argc, char** argv) {
         rc = run_raw_chunked();
         ra = run_raw_avg();
         da = run_dtrain_avg();
+        rt = run_raw_thread();
         r = run_raw();
         d = run_dtrain();
       }
@@ -109,8 +174,10 @@ int main(int argc, char** argv) {
       samples.add(fmt::format("rawchunk/{}", bytes), rc);
       samples.add(fmt::format("dtrainavg/{}", bytes), da);
       samples.add(fmt::format("rawavg/{}", bytes), ra);
+      samples.add(fmt::format("rawthread/{}", bytes), rt);
     }
   }
+  MPI_Comm_free(&helper_comm);
 
   if (mpi.rank() == 0) {
     const int n = mpi.size();
@@ -130,6 +197,17 @@ int main(int argc, char** argv) {
                  bench::allreduce_busbw_gbps(b, d.median, n), bench::human_time(r.median),
                  bench::allreduce_busbw_gbps(b, r.median, n), r.median / d.median, r.min / d.min,
                  bench::allreduce_busbw_gbps(b, rc.median, n));
+    }
+    fmt::print("\n# The raw call on a helper thread (medians): an engine thread without dtrain\n");
+    fmt::print("| size | raw | raw thread | raw thread / raw time | dtrain | dtrain / raw thread time |\n");
+    fmt::print("|---|---|---|---|---|---|\n");
+    for (auto bytes : sizes) {
+      auto d = samples.get(fmt::format("dtrain/{}", bytes));
+      auto r = samples.get(fmt::format("raw/{}", bytes));
+      auto rt = samples.get(fmt::format("rawthread/{}", bytes));
+      fmt::print("| {} | {} | {} | {:.2f} | {} | {:.2f} |\n", bench::human_bytes(bytes),
+                 bench::human_time(r.median), bench::human_time(rt.median), rt.median / r.median,
+                 bench::human_time(d.median), d.median / rt.median);
     }
     fmt::print("\n# Average: dtrain (ReduceOp::Average) vs MPI_SUM then a 1/n loop (medians)\n");
     fmt::print("| size | dtrain Average | dtrain Sum | dtrain Avg / Sum | raw Sum + 1/n loop | "
