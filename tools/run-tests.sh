@@ -15,7 +15,7 @@ torch_prefix=$("$root/tools/setup-libtorch.sh")
 # pycocotools, for the test that scores the Mask R-CNN example's output with the reference COCO API.
 venv=${DTRAIN_TORCH_VENV:-$root/.venv}
 # Read by the set-up scripts only: the tests' dtrain programs would warn about an unknown DTRAIN_ name.
-unset DTRAIN_TORCH_VENV
+unset DTRAIN_TORCH_VENV DTRAIN_BUILD_DIR
 "$venv/bin/python" -c 'import pycocotools' 2>/dev/null ||
   "$venv/bin/python" -m pip install --progress-bar off pycocotools >&2
 
