@@ -13,7 +13,7 @@
 // Every buffer is allocated and touched once, before the first round.
 //
 // Usage: mpiexec -n <ranks> bench_allreduce_bandwidth [--rounds=10] [--min-bytes=4096]
-//        [--max-bytes=67108864]
+//        [--max-bytes=67108864] [--reps=N: ops per sample; default 8 MiB worth, 1 to 50]
 #include <algorithm>
 #include <condition_variable>
 #include <functional>
@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   const int rounds = static_cast<int>(args.get_int("rounds", 10));
   const std::int64_t min_bytes = args.get_int("min-bytes", 4096);
   const std::int64_t max_bytes = args.get_int("max-bytes", 64 << 20);
+  const std::int64_t fixed_reps = args.get_int("reps", 0);
 
   dtrain::init(dtrain::Config::from_env());
   const std::int64_t chunk_bytes = dtrain::config().mpi_chunk_bytes;
@@ -91,7 +92,8 @@ int main(int argc, char** argv) {
   }
 
   // Repeat small ops so one sample lasts long enough for the clock, and large ones once.
-  auto reps_for = [](std::int64_t bytes) {
+  auto reps_for = [&](std::int64_t bytes) {
+    if (fixed_reps > 0) return static_cast<int>(fixed_reps);
     return static_cast<int>(std::clamp<std::int64_t>((8 << 20) / bytes, 1, 50));
   };
   auto time_reps = [&](int reps, auto&& op) {
