@@ -65,12 +65,7 @@ class GradientViews {
       group.buffer = std::make_shared<GradientBuffer<std::byte>>(std::move(bytes), layout);
       for (std::size_t i = 0; i < group.params.size(); ++i) group.views.push_back(make_view(group, i));
     }
-    torch::NoGradGuard no_grad;
-    for (auto& group : groups_) {
-      std::fill(group.buffer->flat().begin(), group.buffer->flat().end(), std::byte{0});
-      for (std::size_t i = 0; i < group.params.size(); ++i)
-        group.params[i].mutable_grad() = group.views[i];
-    }
+    zero_grad();  // touches the buffers and makes every gradient its view
   }
 
   GradientViews(const GradientViews&) = delete;

@@ -41,7 +41,6 @@
 #include <memory>
 #include <mutex>
 #include <set>
-#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -313,7 +312,7 @@ class DistributedOptimizer<Opt> {
   // hooks fired (backward order), then those whose hook never fired.
   void flush() {
     submit_held();
-    for (auto& s : slots_) submit_unsubmitted(std::span(&s, 1));
+    submit_unsubmitted(slots_);
   }
 
   void submit_held() {
