@@ -8,66 +8,19 @@
 //                 dtrain hands MPI; shows how much of dtrain's lead on large messages is chunking
 //   raw avg       MPI_Allreduce(MPI_SUM) then a 1/n loop: an average written by hand
 //   raw thread    the raw call made by a helper thread that the caller hands it to and waits
-//                 for (a mutex and a condition variable each way, as with dtrain's engine
-//                 thread): what running the collective off the caller's thread costs by itself
+//                 for, with the engine's hand-off pieces (handoff_thread.hpp): what running the
+//                 collective off the caller's thread costs by itself
 // Every buffer is allocated and touched once, before the first round.
 //
 // Usage: mpiexec -n <ranks> bench_allreduce_bandwidth [--rounds=10] [--min-bytes=4096]
 //        [--max-bytes=67108864] [--reps=N: ops per sample; default 8 MiB worth, 1 to 50]
 #include <algorithm>
-#include <condition_variable>
-#include <functional>
-#include <mutex>
-#include <thread>
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
 
 #include "bench_common.hpp"
-
-namespace {
-
-// Runs one function at a time on its own thread; the caller blocks until it is done.
-class HelperThread {
- public:
-  HelperThread() : thread_([this] { loop(); }) {}
-  ~HelperThread() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    thread_.join();
-  }
-  void run(std::function<void()> f) {
-    std::unique_lock lock(mutex_);
-    work_ = std::move(f);
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return !work_; });
-  }
-
- private:
-  void loop() {
-    std::unique_lock lock(mutex_);
-    while (true) {
-      cv_.wait(lock, [&] { return stop_ || static_cast<bool>(work_); });
-      if (stop_) return;
-      lock.unlock();
-      work_();
-      lock.lock();
-      work_ = nullptr;
-      cv_.notify_all();
-    }
-  }
-
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::function<void()> work_;
-  bool stop_ = false;
-  std::thread thread_;
-};
-
-}  // namespace
+#include "handoff_thread.hpp"
 
 int main(int argc, char** argv) {
   bench::MpiProcess mpi(argc, argv);
@@ -103,7 +56,7 @@ int main(int argc, char** argv) {
     return mpi.max_over_ranks(bench::seconds_since(t0) / reps);
   };
 
-  HelperThread helper;
+  bench::HandoffThread helper;
   MPI_Comm helper_comm;  // the helper's own: the caller's barriers never meet its allreduces
   MPI_Comm_dup(mpi.comm(), &helper_comm);
 

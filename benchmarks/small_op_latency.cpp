@@ -21,16 +21,13 @@
 // coordinator's bookkeeping, encoding, the backend's dispatch).
 //
 // Usage: mpiexec -n <ranks> bench_small_op_latency [--samples=300]
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <thread>
 #include <algorithm>
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
 
 #include "bench_common.hpp"
+#include "handoff_thread.hpp"
 
 int main(int argc, char** argv) {
   bench::MpiProcess mpi(argc, argv);
@@ -82,31 +79,10 @@ int main(int argc, char** argv) {
 
   // Hand-off: the engine's enqueue/notify and the OpState completion, between two threads.
   {
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::deque<std::shared_ptr<dtrain::detail::OpState>> queue;
-    bool stop = false;
-    std::thread engine([&] {
-      std::unique_lock lock(mutex);
-      while (true) {
-        cv.wait(lock, [&] { return stop || !queue.empty(); });
-        if (stop) return;
-        auto state = std::move(queue.front());
-        queue.pop_front();
-        lock.unlock();
-        state->complete();
-        lock.lock();
-      }
-    });
+    bench::HandoffThread engine;
     auto handoff = [&] {
-      auto state = std::make_shared<dtrain::detail::OpState>();
       const auto t0 = bench::Clock::now();
-      {
-        std::lock_guard lock(mutex);
-        queue.push_back(state);
-      }
-      cv.notify_all();
-      state->wait();
+      engine.run([] {});
       return bench::seconds_since(t0);
     };
     for (int i = 0; i < 20; ++i) handoff();
@@ -114,12 +90,6 @@ int main(int argc, char** argv) {
       mpi.barrier();  // as in "lone": the other thread has been blocked a while
       samples.add("hand-off", mpi.max_over_ranks(handoff()));
     }
-    {
-      std::lock_guard lock(mutex);
-      stop = true;
-    }
-    cv.notify_all();
-    engine.join();
   }
   // Negotiation: one cached op's request to rank 0 and response back, on a ControlChannel.
   {
