@@ -164,6 +164,30 @@ TEST_CASE("steady-state steps grow no buffer and make no large allocation") {
   for (const auto& g : grads) REQUIRE(g.front() == doctest::Approx(want));
 }
 
+// Which tensors share a batch is up to timing, so any tensor of a fused batch may later come
+// alone; reduced alone, a large one is scaled in shards (Note [Scaled allreduce]). The batch has
+// already sized every buffer that takes, so doing so allocates nothing.
+TEST_CASE("a tensor of a fused batch reduced alone afterwards grows no buffer") {
+  test::Initialized dt;
+  const int rank = dtrain::rank(), size = dtrain::size();
+  const auto sizes = resnet_like_sizes();
+  std::vector<std::vector<float>> grads;
+  for (auto n : sizes) grads.emplace_back(static_cast<std::size_t>(n), static_cast<float>(rank));
+  {
+    std::vector<std::span<float>> all;
+    for (auto& g : grads) all.emplace_back(g);
+    grouped_allreduce(all, {.name = "alone.warmup"});
+  }
+  const auto before = engine_stats();
+  for (std::size_t t = 0; t < grads.size(); ++t)
+    allreduce(grads[t], {.name = fmt::format("alone.{}", t)});
+  const auto after = engine_stats();
+  CHECK(after.buffer_allocations == before.buffer_allocations);
+  CHECK(after.fused_collectives == before.fused_collectives);  // each one did come alone
+  const float want = (size - 1) / 2.0f;  // the mean of the ranks, averaged again: unchanged
+  for (const auto& g : grads) REQUIRE(g.back() == doctest::Approx(want));
+}
+
 #ifdef DTRAIN_TEST_COUNTS_ALLOCATIONS
 TEST_CASE("the allocation counter sees large allocations (the check above can fail)") {
   large_allocations = 0;

@@ -208,6 +208,16 @@ inline bool scales_in_shards(std::int64_t n, DataType dtype, int size) noexcept 
          n * static_cast<std::int64_t>(element_size(dtype)) >= kScaledAllreduceMinBytes;
 }
 
+// The bytes of shard memory host_allreduce_scaled() needs for `n` elements scaled by `factor`; 0
+// where it takes the one-allreduce road.
+inline std::size_t scaled_allreduce_shard_bytes(std::int64_t n, DataType dtype, double factor,
+                                                int size, std::int64_t chunk_elems) noexcept {
+  if (factor == 1.0 || !is_floating_point(dtype) || !scales_in_shards(n, dtype, size)) return 0;
+  const std::int64_t step = std::max<std::int64_t>(chunk_elems, size);
+  return (static_cast<std::size_t>(std::min(step, n)) / static_cast<std::size_t>(size) + 1) *
+         element_size(dtype);
+}
+
 // In-place allreduce of `n` elements, the result multiplied by `factor` (Note [Scaled
 // allreduce]). `op` must not be Average. `shard` holds this rank's part between the two calls.
 inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, ReduceOp op,
@@ -216,7 +226,8 @@ inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, Red
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
-  if (factor == 1.0 || !is_floating_point(dtype) || !scales_in_shards(n, dtype, size)) {
+  const std::size_t shard_bytes = scaled_allreduce_shard_bytes(n, dtype, factor, size, chunk_elems);
+  if (shard_bytes == 0) {
     if (size > 1) host_allreduce(buf, n, dtype, op, comm, chunk_elems);
     scale_in_place(dtype, buf, n, factor);
     return;
@@ -234,8 +245,7 @@ inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, Red
     c = big_counts.data();
     d = big_displs.data();
   }
-  const std::size_t es = element_size(dtype);
-  void* incoming = shard.reserve((static_cast<std::size_t>(std::min(step, n)) / size + 1) * es);
+  void* incoming = shard.reserve(shard_bytes);
   for (std::int64_t off = 0; off < n; off += step) {
     const std::int64_t len = std::min(step, n - off);
     if (len < size) {  // a short tail: too small to split

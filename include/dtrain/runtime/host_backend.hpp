@@ -160,6 +160,7 @@ class HostBackend final : public Backend {
       job.segments.push_back(s);
     }
     job.piece = chunk(dtype);
+    reserve_shards_for_lone(r, dtype, direct_scale.after);
     job.lay_out(direct_min_bytes_ / static_cast<std::int64_t>(es));  // Note [Direct segments]
     job.buffer = job.packed_in_place();  // Note [Gradients in fusion memory]
     if (!job.buffer) job.buffer = fusion_.reserve(static_cast<std::size_t>(job.total) * es);
@@ -181,6 +182,18 @@ class HostBackend final : public Backend {
         tl->span(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", reduce_end, t3);
       }
     }
+  }
+
+  // Timing decides which tensors share a batch, so any tensor of this one may come alone in a
+  // later step, and a lone tensor is scaled in shards where this batch's packed pieces were not
+  // (Note [Scaled allreduce]). Sizing the shard memory for each of them now keeps the first such
+  // step from allocating: steady-state steps grow no buffer.
+  void reserve_shards_for_lone(const Response& r, DataType dtype, double lone_factor) {
+    if (!shards_ || opt_.hierarchical) return;
+    std::size_t bytes = 0;
+    for (std::int64_t n : r.numels)
+      bytes = std::max(bytes, scaled_allreduce_shard_bytes(n, dtype, lone_factor, size_, chunk(dtype)));
+    if (bytes > 0) shard_.reserve(bytes);
   }
 
   void allgather(const Response& r, Entry* e) {
