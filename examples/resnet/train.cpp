@@ -161,7 +161,7 @@ Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SG
     }
     {
       auto phase = profiler.phase(dtrain::Phase::communication_wait);
-      optimizer.synchronize();  // dtrain: the gradients are averaged over the ranks (what is left)
+      optimizer.synchronize();  // dtrain: submits what the buckets hold; every gradient averaged
     }
     {
       auto phase = profiler.phase(dtrain::Phase::optimizer);
