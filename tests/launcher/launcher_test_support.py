@@ -1,6 +1,7 @@
 """Helpers shared by the launcher's tests: where dtrainrun and the test programs are, running
 dtrainrun, and a clean environment for it."""
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -24,11 +25,26 @@ def clean_env(**extra):
     return env
 
 
-def dtrainrun(*args, env=None, timeout=120, stdin=subprocess.DEVNULL):
-    """Runs dtrainrun; returns the CompletedProcess with text stdout and stderr."""
+# Where a test feeds dtrainrun a count that once made it grow without bound, the process gets
+# this much address space: a regression then fails with a MemoryError instead of taking the
+# machine's memory.
+MEMORY_BOUND_BYTES = 4 << 30
+
+
+def bound_memory():
+    """Limits this process (and what it starts) to MEMORY_BOUND_BYTES of address space."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > MEMORY_BOUND_BYTES:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BOUND_BYTES, hard))
+
+
+def dtrainrun(*args, env=None, timeout=120, stdin=subprocess.DEVNULL, bounded=False):
+    """Runs dtrainrun; returns the CompletedProcess with text stdout and stderr. `bounded`: with
+    bound_memory()."""
     return subprocess.run([DTRAINRUN, *args], env=clean_env() if env is None else env,
                           stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout, check=False, text=True, errors="surrogateescape")
+                          timeout=timeout, check=False, text=True, errors="surrogateescape",
+                          preexec_fn=bound_memory if bounded else None)
 
 
 def free_port():

@@ -1,11 +1,13 @@
 """dtrainrun's command line: what it accepts, and the message for each mistake. The mistakes are
 also run through dtrainrun itself, which must exit 2 before starting anything."""
 import os
+import shlex
 import stat
 import tempfile
 import unittest
+from unittest import mock
 
-from launcher_test_support import dtrainrun, package_path, program
+from launcher_test_support import clean_env, dtrainrun, package_path, program
 
 package_path()
 from dtrain_launcher import options  # noqa: E402
@@ -55,6 +57,12 @@ class GoodArguments(unittest.TestCase):
         self.assertTrue(o.cluster)
         self.assertEqual((o.slots, o.cluster_port, o.cluster_timeout_s), (8, 4000, 60.0))
 
+    def test_largest_counts(self):
+        o = options.parse(["-np", "1048576", "--restarts", "10000", "p"])
+        self.assertEqual((o.np, o.restarts), (1048576, 10000))
+        self.assertEqual(options.parse(["-np", "0002", "p"]).np, 2)
+        self.assertEqual(options.parse(["-H", "a:1048576", "p"]).hosts, [Host("a", 1048576)])
+
     def test_check_build_needs_no_program(self):
         self.assertTrue(options.parse(["--check-build"]).check_build)
 
@@ -83,6 +91,24 @@ BAD_ARGUMENTS = [
     (["--restarts", "-1", "p"], "dtrain: --restarts expects a whole number, got '-1'"),
     (["--start-timeout", "0", "p"], "dtrain: --start-timeout 0: must be more than 0 seconds"),
     (["--start-timeout", "soon", "p"], "dtrain: --start-timeout expects seconds, got 'soon'"),
+    # Counts are bounded (Note [Bounded counts]): a huge -np used to make dtrainrun build a list
+    # of every rank, and more than 4300 digits stopped Python's int() with a traceback.
+    (["-np", "99999999999999999999", "p"],
+     "dtrain: -np 99999999999999999999: too large; -np accepts 1 to 1048576 (the most ranks one "
+     "job can have)"),
+    (["-np", "1048577", "p"], "dtrain: -np 1048577: too large; -np accepts 1 to 1048576"),
+    (["-np", "9" * 5000, "p"], "dtrain: -np " + "9" * 80 + "... (5000 characters): too large"),
+    (["-np", "\u00b2", "p"], "dtrain: -np expects a whole number, got '\u00b2'"),
+    (["--restarts", "10001", "p"], "dtrain: --restarts 10001: too large; --restarts accepts 0 to "
+                                   "10000"),
+    (["--cluster", "--slots", "1048577", "p"],
+     "dtrain: --slots 1048577: too large; --slots accepts 1 to 1048576"),
+    (["--cluster", "--cluster-port", "9" * 5000, "p"], "dtrain: --cluster-port 9999"),
+    (["-H", "a:1048577", "p"],
+     "dtrain: -H 'a:1048577': host 'a' has 1048577 slots; a host has 1 to 1048576 (the most "
+     "ranks one job can have)"),
+    (["-H", "a:" + "9" * 5000, "p"], "slots; a host has 1 to 1048576"),
+    (["-H", "a\x01b", "p"], "dtrain: -H 'a\\x01b': 'a\\x01b' is not a host name"),
 ]
 
 
@@ -105,8 +131,7 @@ class RefusedBeforeStarting(unittest.TestCase):
         self.marker = os.path.join(self.dir.name, "ran")
 
     def refused(self, args, message, **env):
-        from launcher_test_support import clean_env
-        done = dtrainrun(*args, env=clean_env(**env))
+        done = dtrainrun(*args, env=clean_env(**env), timeout=60, bounded=True)
         self.assertEqual(done.returncode, 2, done.stderr)
         self.assertIn(message, done.stderr)
         self.assertEqual(done.stdout, "")
@@ -166,9 +191,103 @@ class RefusedBeforeStarting(unittest.TestCase):
         self.refused(["--hostfile", empty, "--"] + self.touch(),
                      f"dtrain: --hostfile {empty} lists no hosts")
 
+    def test_huge_counts_are_refused_before_anything_runs(self):
+        # This used to start the MPI launcher and then build a list of every rank, growing by
+        # hundreds of megabytes a second; --dry-run printed a command for 10**20 ranks.
+        for dry_run in ([], ["--dry-run"]):
+            self.refused(dry_run + ["-np", "99999999999999999999", "--"] + self.touch(),
+                         "dtrain: -np 99999999999999999999: too large; -np accepts 1 to 1048576")
+
+    def test_more_slots_than_a_job_can_have(self):
+        self.refused(["-H", "a:1048576,b:1", "--"] + self.touch(),
+                     "dtrain: -H has 1048577 slots (a:1048576, b:1), more than 1048576 (the most "
+                     "ranks one job can have); choose how many ranks with -np N")
+        done = dtrainrun("--dry-run", "--mpi", "mpich", "-np", "2", "-H", "a:1048576,b:1", "--",
+                         program("touch_file.py"), self.marker)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(" -hosts a:2 -n 2 ", done.stdout)
+
+    def test_hostfile_that_is_not_utf8(self):
+        path = os.path.join(self.dir.name, "hosts-latin1")
+        with open(path, "wb") as f:
+            f.write(b"# caf\xe9 cluster\nnode1 slots=2\nn\xf6de2 slots=2\n")
+        self.refused(["--hostfile", path, "--"] + self.touch(),
+                     f"dtrain: --hostfile {path} line 3: byte 0xf6 is not UTF-8 text; a hostfile "
+                     f"is plain text")
+        with open(path, "wb") as f:
+            f.write(b"# caf\xe9 cluster: bytes in a comment do not matter\nnode1 slots=2\n")
+        done = dtrainrun("--dry-run", "--mpi", "mpich", "--hostfile", path, "--",
+                         program("touch_file.py"), self.marker)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(" -hosts node1:2 -n 2 ", done.stdout)
+
+    def test_hostfile_that_never_ends(self):
+        self.refused(["--hostfile", "/dev/zero", "--"] + self.touch(),
+                     "dtrain: --hostfile /dev/zero: larger than 64 MiB")
+
+    def test_hostfile_with_more_hosts_than_a_job_can_have(self):
+        from dtrain_launcher import hosts
+        with mock.patch.object(hosts, "MAX_RANKS", 2):
+            with self.assertRaisesRegex(UsageError, "dtrain: --hostfile f lists 3 hosts; at most "
+                                                    "2 "):
+                hosts.parse_hostfile_text("a\nb\nc\n", "f")
+
     def test_launcher_that_is_not_mpi(self):
         self.refused(["-np", "1", "--launcher", "/bin/true", "--"] + self.touch(),
                      "dtrain: --launcher /bin/true: `/bin/true --version` names neither")
+
+
+class BytesThatAreNotUtf8(unittest.TestCase):
+    """Arguments, file names and variables are bytes; dtrainrun answers the ones that are not
+    UTF-8 with a message, or passes them on unchanged, but never with a traceback. Python decodes
+    them with surrogateescape: '\\udcff' here is the byte 0xff."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.addCleanup(self.dir.cleanup)
+
+    def test_in_the_slurm_variables(self):
+        done = dtrainrun("--dry-run", "--mpi", "mpich", "--", program("touch_file.py"), "x",
+                         env=clean_env(SLURM_JOB_NODELIST="node\udcff1"))
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("dtrain: SLURM_JOB_NODELIST: 'node\\udcff1' is not a host name",
+                      done.stderr)
+        done = dtrainrun("--dry-run", "--mpi", "mpich", "--", program("touch_file.py"), "x",
+                         env=clean_env(SLURM_JOB_NODELIST="n1", SLURM_TASKS_PER_NODE="\udcff"))
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("dtrain: SLURM_TASKS_PER_NODE='\\udcff': '\\udcff' is not N or N(xR)",
+                      done.stderr)
+
+    def test_in_the_cluster_variables(self):
+        done = dtrainrun("--cluster", "--dry-run", "--", program("touch_file.py"), "x",
+                         env=clean_env(SM_HOSTS='["a"]', SM_CURRENT_HOST="a",
+                                       SM_NUM_GPUS="\u00b2"))
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("dtrain: SM_NUM_GPUS='\u00b2' is not a whole number", done.stderr)
+        done = dtrainrun("--cluster", "--dry-run", "--", program("touch_file.py"), "x",
+                         env=clean_env(DTRAIN_HOSTS="a,b\udcff", DTRAIN_CURRENT_HOST="a"))
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("'b\\udcff' is not a host name", done.stderr)
+
+    def test_program_arguments_pass_through(self):
+        # A UTF-8 locale other than C.UTF-8 makes Python's stdout strict; so does this.
+        env = clean_env(PYTHONIOENCODING="utf-8:strict")
+        done = dtrainrun("--dry-run", "--mpi", "mpich", "-np", "1", "--",
+                         program("touch_file.py"), "caf\udce9", env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertTrue(done.stdout.rstrip("\n").endswith("touch_file.py 'caf\udce9'"),
+                        done.stdout)
+        target = os.path.join(self.dir.name, "caf\udce9")
+        done = dtrainrun("--verbose", "-np", "1", "--", program("touch_file.py"), target,
+                         env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn(f"touch_file.py {shlex.quote(target)}\n", done.stderr)  # the command line
+        self.assertTrue(os.path.exists(target))
+        done = dtrainrun("--check-build", "--", os.path.join(self.dir.name, "no\udcff"),
+                         env=env)
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn("dtrain: program '" + self.dir.name + "/no\\udcff': no such file",
+                      done.stderr)
 
 
 class Help(unittest.TestCase):

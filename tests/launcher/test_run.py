@@ -137,6 +137,22 @@ class RankWrapper(unittest.TestCase):
         self.assertIn(b"cannot start /nonexistent/program: No such file or directory", rest)
         self.assertEqual(found[-1]["code"], 127)
 
+    def test_program_name_that_is_not_utf8(self):
+        done, rest, found = self.wrap("/nonexistent/caf\udce9")
+        self.assertEqual(done.returncode, 127, done.stderr)
+        self.assertIn(b"cannot start /nonexistent/caf\xe9: No such file or directory", rest)
+        self.assertEqual(found[-1]["code"], 127)
+
+    def test_rank_that_is_not_a_number(self):
+        for odd in ("\u00b2", "9" * 5000):
+            with self.subTest(rank=odd[:8]):
+                done = subprocess.run([os.environ.get("DTRAINRUN", "dtrainrun"), "--rank-shim",
+                                       "0123abcd", "--", "echo", "hello"],
+                                      env=clean_env(PMI_RANK=odd), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, check=False)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertEqual(done.stdout, b"[?]<stdout>:hello\n")
+
 
 if __name__ == "__main__":
     unittest.main()

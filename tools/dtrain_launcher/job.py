@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import records
 from .errors import EXIT_NOT_STARTED, EXIT_RESTARTS_EXHAUSTED
@@ -42,6 +42,12 @@ def write_all(fd: int, data: bytes) -> None:
             return
 
 
+def write_text(fd: int, text: str) -> None:
+    """Text that may hold bytes that were not UTF-8 (program arguments, host names, values from
+    the environment, all decoded with surrogateescape) written back as those bytes."""
+    write_all(fd, text.encode("utf-8", "surrogateescape"))
+
+
 class Output:
     """Where the job's lines go: this process's stdout and stderr. The cluster leader extends it
     to also send each line to the host its rank runs on."""
@@ -60,7 +66,7 @@ class Output:
 
     def note(self, text: str) -> None:
         """dtrainrun's own messages."""
-        write_all(2, (text + "\n").encode())
+        write_text(2, text + "\n")
 
 
 @dataclass
@@ -81,8 +87,16 @@ class _State:
     failed_at: float = 0.0
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Ascending ranks as runs: '1, 3-5'; a job of a million ranks that never started is one
+    run, not a million numbers."""
+    runs: List[List[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 class Interrupts:
@@ -233,7 +247,7 @@ def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s
     never_started = [r for r in range(state.np) if r not in state.started]
     if stop_reason == "start":
         return Attempt(EXIT_NOT_STARTED,
-                       f"rank(s) {_ranks_text(never_started)} did not start within "
+                       f"rank(s) {ranks_text(never_started)} did not start within "
                        f"{start_timeout_s:g} s; can {launcher_name} reach their hosts? "
                        f"(--verbose shows its command)")
     if rc != 0:
@@ -241,10 +255,10 @@ def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s
                else f"exited with code {rc}")
         if never_started:
             return Attempt(EXIT_NOT_STARTED,
-                           f"{launcher_name} {how} before rank(s) {_ranks_text(never_started)} "
+                           f"{launcher_name} {how} before rank(s) {ranks_text(never_started)} "
                            f"started")
         unreported = [r for r in range(state.np) if r not in state.ended]
-        detail = (f"; rank(s) {_ranks_text(unreported)} ended without reporting their status"
+        detail = (f"; rank(s) {ranks_text(unreported)} ended without reporting their status"
                   if unreported else "; every rank exited with 0")
         return Attempt(128 - rc if rc < 0 else rc, f"{launcher_name} {how}{detail}")
     return Attempt(0)

@@ -9,6 +9,7 @@ from typing import List, Optional, Tuple
 from .errors import (EXIT_LEADER_LOST, EXIT_NOT_STARTED, EXIT_RESTARTS_EXHAUSTED, EXIT_USAGE,
                      UsageError)
 from .hosts import Host, parse_host_list
+from .limits import MAX_RANKS, MAX_RANKS_WHY, MAX_RESTARTS, parse_count, whole_number
 
 DEFAULT_CLUSTER_PORT = 29517
 DEFAULT_CLUSTER_TIMEOUT_S = 300.0
@@ -123,15 +124,6 @@ _FLAGS = {
 }
 
 
-def _whole_number(option: str, text: str, minimum: int) -> int:
-    if not re.fullmatch(r"[0-9]+", text):
-        raise UsageError(f"dtrain: {option} expects a whole number, got '{text}'")
-    value = int(text)
-    if value < minimum:
-        raise UsageError(f"dtrain: {option} {value}: must be at least {minimum}")
-    return value
-
-
 def _seconds(option: str, text: str) -> float:
     try:
         value = float(text)
@@ -183,7 +175,7 @@ def parse(argv: List[str]) -> Options:
         canonical = _VALUED[name]
         o.given.append(canonical)
         if canonical == "-np":
-            o.np = _whole_number(name, value, 1)
+            o.np = whole_number(name, value, 1, MAX_RANKS, MAX_RANKS_WHY)
         elif canonical == "-H":
             if o.hosts is not None:
                 raise UsageError("dtrain: -H given twice; list every host in one -H host:slots,...")
@@ -193,15 +185,15 @@ def parse(argv: List[str]) -> Options:
         elif canonical == "-x":
             o.env.append(_env_assignment(value))
         elif canonical == "--restarts":
-            o.restarts = _whole_number(name, value, 0)
+            o.restarts = whole_number(name, value, 0, MAX_RESTARTS)
         elif canonical == "--start-timeout":
             o.start_timeout_s = _seconds(name, value)
         elif canonical == "--slots":
-            o.slots = _whole_number(name, value, 1)
+            o.slots = whole_number(name, value, 1, MAX_RANKS, MAX_RANKS_WHY)
         elif canonical == "--cluster-port":
-            o.cluster_port = _whole_number(name, value, 1)
-            if o.cluster_port > 65535:
+            if (parse_count(value, 65535) or 0) > 65535:
                 raise UsageError(f"dtrain: --cluster-port {value}: ports go up to 65535")
+            o.cluster_port = whole_number(name, value, 1, 65535)
         elif canonical == "--cluster-timeout":
             o.cluster_timeout_s = _seconds(name, value)
         elif canonical == "--mpi":

@@ -15,6 +15,7 @@ the failing rank's code.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,7 +36,7 @@ def rank_from_env(env) -> str:
     """This process's rank as the MPI launcher (or srun) announced it; '?' when none did."""
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         value = env.get(name)
-        if value is not None and value.isdigit():
+        if value is not None and re.fullmatch(r"[0-9]{1,9}", value):
             return value
     return "?"
 
@@ -99,7 +100,7 @@ def main(argv: List[str]) -> int:
         return 128 + signal.SIGTERM
     rank = rank_from_env(os.environ)
     host = socket.gethostname()
-    identity: Dict[str, object] = {"rank": int(rank) if rank.isdigit() else None, "host": host}
+    identity: Dict[str, object] = {"rank": None if rank == "?" else int(rank), "host": host}
     _write(2, records.encode(token, dict(identity, event="start", pid=os.getpid())))
     try:
         child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -107,7 +108,8 @@ def main(argv: List[str]) -> int:
     except OSError as e:
         error = f"{program[0]}: {e.strerror}"
         _write(2, records.tag(rank, "stderr")
-               + f"dtrain: rank {rank} on {host} cannot start {error}\n".encode())
+               + f"dtrain: rank {rank} on {host} cannot start {error}\n".encode("utf-8",
+                                                                         "surrogateescape"))
         code = 126 if isinstance(e, PermissionError) else 127
         _write(2, records.encode(token, dict(identity, event="exit", code=code, error=error)))
         return code

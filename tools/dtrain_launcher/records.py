@@ -20,7 +20,7 @@ from typing import Dict, Iterator, Optional, Tuple
 
 MARK = "\x1edtrainrun:"
 _RECORD = re.compile(rb"\x1edtrainrun:([0-9a-f]+) (\{[^\n]*?\})(?=\n|$)")
-_TAG = re.compile(rb"^\[([0-9]+|\?)\]<(stdout|stderr)>(\+?):")
+_TAG = re.compile(rb"^\[([0-9]{1,9}|\?)\]<(stdout|stderr)>(\+?):")
 
 # Note [Line pieces]
 # The launchers pass a rank's output on in chunks of what they happened to read, and a chunk of
