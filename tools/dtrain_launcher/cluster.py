@@ -291,13 +291,18 @@ class LeaderOutput(Output):
         super().__init__(prefix, verbose)
         self.leader = leader
 
-    def rank_line(self, rank, stream, tagged, text) -> None:
-        super().rank_line(rank, stream, tagged, text)
+    def rank_line(self, rank, stream, line) -> None:
+        super().rank_line(rank, stream, line)
         hosts = self.leader.rank_hosts
         here = self.leader.cluster.leader
         if rank is not None and 0 <= rank < len(hosts) and hosts[rank] != here:
-            self.leader.send(hosts[rank], {"type": "line", "stream": stream,
-                                           "data": _text(tagged if self.prefix else text)})
+            # A long line goes as several messages, one after the other: the follower writes
+            # each as it comes, and nothing else goes to its stdout in between.
+            head = self.head(rank, stream)
+            for chunk in line.chunks():
+                self.leader.send(hosts[rank], {"type": "line", "stream": stream,
+                                               "data": _text(head + chunk)})
+                head = b""
 
     def note(self, text: str) -> None:
         super().note(text)

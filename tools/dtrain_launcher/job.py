@@ -56,8 +56,18 @@ class Output:
         self.prefix = prefix
         self.verbose = verbose
 
-    def rank_line(self, rank: Optional[int], stream: str, tagged: bytes, text: bytes) -> None:
-        write_all(1 if stream == "stdout" else 2, tagged if self.prefix else text)
+    def head(self, rank: Optional[int], stream: str) -> bytes:
+        """What goes before a rank's line: its tag, or nothing with --no-prefix."""
+        return records.tag("?" if rank is None else str(rank), stream) if self.prefix else b""
+
+    def rank_line(self, rank: Optional[int], stream: str, line: records.Line) -> None:
+        """A rank's whole line (ending in a newline), written without anything between its
+        parts."""
+        fd = 1 if stream == "stdout" else 2
+        head = self.head(rank, stream)
+        for chunk in line.chunks():
+            write_all(fd, head + chunk)
+            head = b""
 
     def launcher_line(self, stream: str, line: bytes) -> None:
         if not self.verbose and (_HYDRA_BANNER.match(line) or not line.strip()):
@@ -83,7 +93,7 @@ class _State:
     started: Dict[int, str] = field(default_factory=dict)
     ended: Dict[int, dict] = field(default_factory=dict)
     first_failure: Optional[dict] = None
-    pieces: Dict[tuple, bytearray] = field(default_factory=dict)  # Note [Line pieces]
+    pieces: Dict[tuple, records.Line] = field(default_factory=dict)  # Note [Line pieces]
     failed_at: float = 0.0
 
 
@@ -190,6 +200,7 @@ def run_attempt(argv: Sequence[str], env: Mapping[str, str], np: int, token: str
         for stream, rest in pending.items():  # what processes left behind had not ended
             for line in records.iter_lines(rest, final=True):
                 _take_line(line, stream, state, output)
+        _end_unfinished_lines(state, output)
         rc = process.wait()
     finally:
         selector.close()
@@ -227,13 +238,28 @@ def _take_line(line: bytes, stream: str, state: _State, output: Output) -> None:
         output.launcher_line(stream, rest)
         return
     key = (rank, tagged_stream)
+    line = state.pieces.pop(key, None) or records.Line()
     if continued:
-        state.pieces.setdefault(key, bytearray()).extend(text[:-1])
+        line.append(text[:-1])  # the newline ends the piece, not the line
+        state.pieces[key] = line
         return
-    if key in state.pieces:
-        text = bytes(state.pieces.pop(key)) + text
-        rest = records.tag("?" if rank is None else str(rank), tagged_stream) + text
-    output.rank_line(rank, tagged_stream, rest, text)
+    line.append(text)
+    try:
+        output.rank_line(rank, tagged_stream, line)
+    finally:
+        line.close()
+
+
+def _end_unfinished_lines(state: _State, output: Output) -> None:
+    """Lines whose last piece never came (the wrapper was killed while passing a long line on):
+    printed as they are, ended with a newline."""
+    for (rank, stream), line in state.pieces.items():
+        line.append(b"\n")
+        try:
+            output.rank_line(rank, stream, line)
+        finally:
+            line.close()
+    state.pieces.clear()
 
 
 def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s: float,

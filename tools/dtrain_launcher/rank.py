@@ -25,8 +25,6 @@ from typing import Dict, List, Optional
 
 from . import records
 
-# A line longer than this is passed on in pieces rather than held in memory without bound.
-_MAX_LINE_BYTES = 1 << 16
 _FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 _write_locks = {1: threading.Lock(), 2: threading.Lock()}
@@ -55,22 +53,16 @@ def _write(fd: int, data: bytes) -> None:
 def _relay(source: int, fd: int, rank: str, stream: str) -> None:
     """Copies the program's stream `source` to our `fd` as tagged pieces, one write each, so that
     the launcher never receives part of a piece (Note [Line pieces] in records.py)."""
-    pending = bytearray()
-
-    def emit(final: bool) -> None:
-        for line in records.iter_lines(pending, final=final):
-            for piece in records.pieces(rank, stream, line):
-                _write(fd, piece)
+    splitter = records.Splitter(rank, stream)
     while True:
         try:
             chunk = os.read(source, 1 << 16)
         except OSError:
             chunk = b""
+        for piece in splitter.feed(chunk, final=not chunk):
+            _write(fd, piece)
         if not chunk:
-            emit(final=True)
             return
-        pending += chunk
-        emit(final=len(pending) > _MAX_LINE_BYTES)
 
 
 def _signal_on_parent_death(number: int) -> None:
