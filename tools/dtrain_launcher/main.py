@@ -201,7 +201,7 @@ def run(argv: List[str], entry_script: str, package_root: str) -> int:
     try:
         o = options.parse(argv)
         if o.help:
-            job.write_text(1, options.HELP)
+            job.write_text(1, options.help_text())
             return 0
         if o.version:
             say(f"dtrainrun ({ctx.version()})")
