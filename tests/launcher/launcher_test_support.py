@@ -1,7 +1,9 @@
 """Helpers shared by the launcher's tests: where dtrainrun and the test programs are, running
 dtrainrun, and a clean environment for it."""
+import json
 import os
 import resource
+import shutil
 import socket
 import subprocess
 import sys
@@ -64,3 +66,29 @@ def package_path():
                 sys.path.insert(0, root)
             return root
     raise RuntimeError(f"no dtrain_launcher package beside {entry}")
+
+
+def make_install(root, build_config, build_info_output=None):
+    """A dtrainrun laid out as installed under `root`, with `build_config` as its build.json and,
+    given `build_info_output`, a dtrain-build-info that prints it. Returns the dtrainrun path."""
+    package = package_path()
+    os.makedirs(os.path.join(root, "bin"))
+    launcher_dir = os.path.join(root, "share", "dtrain", "launcher")
+    shutil.copytree(os.path.join(package, "dtrain_launcher"),
+                    os.path.join(launcher_dir, "dtrain_launcher"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    with open(os.path.join(launcher_dir, "build.json"), "w") as f:
+        json.dump(build_config, f)
+    entry = os.path.join(root, "bin", "dtrainrun")
+    shutil.copy(os.path.realpath(DTRAINRUN), entry)
+    if build_info_output is not None:
+        write_script(os.path.join(root, "bin", "dtrain-build-info"),
+                     f"#!/bin/sh\nprintf '%s' '{build_info_output}'\n")
+    return entry
+
+
+def write_script(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o755)
+    return path

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -93,33 +94,43 @@ class Context:
 
 
 def check_build(o: options.Options, ctx: Context) -> int:
-    ok = True
+    """--check-build: what dtrain was built with (from dtrain-build-info, a program compiled with
+    the build), the MPI the program links, and the launcher that would start it. Exits with 0
+    when they fit, with EXIT_USAGE when a job would be refused (and says why, as the job would),
+    and with 1 when dtrain-build-info is missing or fails."""
+    code = 0
+    build_config = dict(ctx.build_config or {})
     info = ctx.build_info_program()
     if info is None:
         say("dtrain: dtrain-build-info is not installed beside dtrainrun; build and install "
-              "dtrain (cmake --install) to see what it was built with")
-        ok = False
+            "dtrain (cmake --install) to see what it was built with")
+        code = 1
     else:
         done = subprocess.run([info], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, check=False)
         job.write_all(1, done.stdout)
-        ok = done.returncode == 0
+        if done.returncode != 0:
+            code = 1
+        reported = re.search(rb"^  MPI: (mpich|openmpi) ", done.stdout, re.MULTILINE)
+        if reported and build_config.get("mpi_flavor") not in mpi.FLAVORS:
+            # No build.json beside this dtrainrun: the compiled program's word stands.
+            build_config["mpi_flavor"] = reported.group(1).decode()
     program = resolve_program(o.program[0]) if o.program else None
     if program is not None:
         flavor, evidence = mpi.flavor_of_program(program)
         say(f"  program {o.program[0]}: "
-              + (f"links {flavor} ({evidence})" if flavor else f"no MPI found ({evidence})"))
+            + (f"links {flavor} ({evidence})" if flavor else f"no MPI found ({evidence})"))
     try:
-        launcher = mpi.choose(program, o.mpi, o.launcher, ctx.build_config)
-        say(f"  launcher: {launcher.describe()}, because {launcher.reason}")
-        built = ctx.build_config.get("mpi_flavor") if ctx.build_config else None
-        if built in mpi.FLAVORS and built != launcher.flavor:
-            say(f"  warning: dtrain was built with {built}; programs built with it need "
-                  f"that MPI's launcher")
+        launcher = mpi.choose(program, o.mpi, o.launcher, build_config)
     except UsageError as e:
-        say(f"  launcher: none usable: {e}")
-        ok = False
-    return 0 if ok else 1
+        say(f"  launcher: refused: {e}")
+        return EXIT_USAGE
+    say(f"  launcher: {launcher.describe()}, because {launcher.reason}")
+    built = build_config.get("mpi_flavor")
+    if built in mpi.FLAVORS and built != launcher.flavor:
+        say(f"  note: dtrain here was built with {built}, the program uses {launcher.flavor}: it "
+            f"was built with another dtrain, and gets its own MPI's launcher")
+    return code
 
 
 def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: List[Host],

@@ -212,14 +212,16 @@ def _declare() -> _Parser:
 
     option = group("MPI")
     option("--mpi", dest="mpi", action=_Value, check=_mpi, metavar="mpich|openmpi",
-           help="which MPI to launch with (default: the one the program links, else the one "
-                "dtrain was built with)")
+           help="the MPI the program uses, when ldd cannot tell (a script, a static program; "
+                "default: the one dtrain was built with); its launcher starts the job")
     option("--launcher", dest="launcher", action=_Value, metavar="PATH",
-           help="the MPI launcher program itself (mpiexec.hydra, mpirun, ...)")
+           help="the MPI launcher program itself (mpiexec.hydra, mpirun, ...); one of another "
+                "MPI than the program's is refused")
 
     option = group("Other")
     option("--check-build", dest="check_build", action=_Flag,
-           help="print what dtrain was built with and which launcher would run")
+           help="print what dtrain was built with, the program's MPI and the launcher that would "
+                "start it; exit with 2 where a job would be refused")
     option("--dry-run", dest="dry_run", action=_Flag, help="print the launcher command and exit")
     option("--version", dest="version", action=_Flag, help="print dtrainrun's version")
     option("-h", "--help", dest="help", action=_Flag, help="this text")
