@@ -88,7 +88,8 @@ def hosts_from_env(env: Mapping[str, str], slots: Optional[int]) -> ClusterHosts
         try:
             names = json.loads(env["SM_HOSTS"])
         except ValueError as e:
-            raise UsageError(f"dtrain: SM_HOSTS={shown(env['SM_HOSTS'])} is not JSON: {e}") from None
+            raise UsageError(f"dtrain: SM_HOSTS={shown(env['SM_HOSTS'])} is not JSON: "
+                             f"{e}") from None
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
             raise UsageError(f"dtrain: SM_HOSTS={shown(env['SM_HOSTS'])} is not a JSON list of "
                              f"host names")

@@ -44,8 +44,8 @@ def natural_key(name: str):
 def check_host_name(name: str, where: str) -> None:
     if not _HOST_NAME.match(name):
         raise UsageError(
-            f"dtrain: {where}: {shown(name)} is not a host name; expected letters, digits, '.', '-' "
-            f"and '_' (a DNS name or an IPv4 address)")
+            f"dtrain: {where}: {shown(name)} is not a host name; expected letters, digits, '.', "
+            f"'-' and '_' (a DNS name or an IPv4 address)")
 
 
 def parse_slots(text: str, host: str, where: str) -> int:
@@ -73,8 +73,8 @@ def parse_host_entry(entry: str, where: str, default_slots: int = 1) -> Host:
                          f"separated by commas")
     name, sep, slots_text = entry.partition(":")
     if sep and ":" in slots_text:
-        raise UsageError(f"dtrain: {where}: {shown(entry)} is not host or host:slots (IPv6 addresses "
-                         f"are not supported; use a host name)")
+        raise UsageError(f"dtrain: {where}: {shown(entry)} is not host or host:slots (IPv6 "
+                         f"addresses are not supported; use a host name)")
     check_host_name(name, where)
     slots = parse_slots(slots_text, name, where) if sep else default_slots
     return Host(name, slots)
@@ -118,7 +118,8 @@ def parse_hostfile_text(text: str, path: str) -> List[Host]:
             check_host_name(words[0], where)
             hosts.append(Host(words[0], parse_slots(words[1][len("slots="):], words[0], where)))
             continue
-        raise UsageError(f"dtrain: {where}: {shown(line)} is not 'host slots=N', 'host:N' or 'host'")
+        raise UsageError(f"dtrain: {where}: {shown(line)} is not 'host slots=N', 'host:N' or "
+                         f"'host'")
     if len(hosts) > MAX_RANKS:
         raise UsageError(f"dtrain: --hostfile {path} lists {len(hosts)} hosts; at most "
                          f"{MAX_RANKS} ({MAX_RANKS_WHY}, each on a host)")
