@@ -1,11 +1,16 @@
 """dtrainrun --cluster: every host runs the same command; the first host in sorted order starts
 the job and the others wait and exit with its status. Two "hosts" on this machine: 127.0.0.1
 (the leader) and 127.0.0.2, which the MPI launcher reaches through a local launcher agent."""
+import concurrent.futures
 import subprocess
+import sys
 import time
 import unittest
 
-from launcher_test_support import DTRAINRUN, clean_env, free_port, program
+from launcher_test_support import DTRAINRUN, PROGRAMS, clean_env, free_port, program
+
+sys.path.insert(0, PROGRAMS)
+import long_lines  # noqa: E402  (the test program's content(), to check its lines)
 
 LEADER, FOLLOWER = "127.0.0.1", "127.0.0.2"
 
@@ -35,6 +40,11 @@ class Cluster(unittest.TestCase):
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err
 
+    @classmethod
+    def finish_all(cls, *processes, timeout=120):
+        with concurrent.futures.ThreadPoolExecutor(len(processes)) as pool:
+            return list(pool.map(lambda p: cls.finish(p, timeout), processes))
+
     def test_both_hosts_exit_with_the_jobs_status(self):
         follower = self.start(FOLLOWER, program("exit_codes.py"))
         leader = self.start(LEADER, program("exit_codes.py"))
@@ -49,6 +59,25 @@ class Cluster(unittest.TestCase):
                          [f"[{r}]<stdout>:rank {r} started" for r in (2, 3)])
         self.assertIn(f"dtrainrun: {FOLLOWER} joined the job of leader {LEADER}; ranks 2-3 run "
                       f"here", err)
+
+    def test_a_long_line_reaches_its_host_whole(self):
+        # Rank 3 runs on the follower's host; its 3 MiB line travels to the follower in several
+        # messages and must come out there as one line with one tag.
+        size = 3 << 20
+        args = (program("long_lines.py"), str(size), "10", "0")
+        follower = self.start(FOLLOWER, *args)
+        leader = self.start(LEADER, *args)
+        # Both read at once: a follower whose stdout nobody reads stops reading the leader.
+        (code, _, err), (follower_code, out, follower_err) = self.finish_all(leader, follower)
+        self.assertEqual(code, 0, err[-2000:])
+        self.assertEqual(follower_code, 0, follower_err[-2000:])
+        for rank in (2, 3):
+            mine = [line for line in out.splitlines() if line.startswith(f"[{rank}]")]
+            self.assertEqual([len(line) for line in mine], [len(f"[{rank}]<stdout>:") + size,
+                                                            len(f"[{rank}]<stdout>:after the "
+                                                                f"long line from {rank}")])
+            self.assertEqual(mine[0], f"[{rank}]<stdout>:"
+                             + long_lines.content(rank, "stdout", size).decode())
 
     def test_a_failure_reaches_every_host(self):
         follower = self.start(FOLLOWER, program("exit_codes.py"), "3=3")

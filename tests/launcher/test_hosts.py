@@ -2,8 +2,9 @@
 how ranks fill the hosts."""
 import unittest
 
-from launcher_test_support import package_path
+from launcher_test_support import bound_memory, package_path
 
+bound_memory()  # the bounds tested here once let a short variable expand into gigabytes
 package_path()
 from dtrain_launcher import cluster, hosts, slurm  # noqa: E402
 from dtrain_launcher.errors import UsageError  # noqa: E402
@@ -32,6 +33,17 @@ class Layout(unittest.TestCase):
         self.assertEqual(sorted(names, key=hosts.natural_key),
                          ["a", "algo-1", "algo-2", "algo-10", "b"])
 
+    def test_natural_order_of_long_digit_runs(self):
+        # int() refuses more than 4300 digits; the order must not need it.
+        long_name = "n" + "9" * 5000
+        self.assertEqual(sorted([long_name, "n10", "n9"], key=hosts.natural_key),
+                         ["n9", "n10", long_name])
+
+    def test_ranks_in_messages_are_runs(self):
+        from dtrain_launcher.job import ranks_text
+        self.assertEqual(ranks_text([1, 3, 4, 5, 9]), "1, 3-5, 9")
+        self.assertEqual(ranks_text(range(1 << 20)), "0-1048575")
+
 
 class SlurmNodeLists(unittest.TestCase):
     def test_ranges_lists_and_padding(self):
@@ -59,6 +71,13 @@ class SlurmNodeLists(unittest.TestCase):
             "node[a-b]": "'[a-b]' in 'node[a-b]' is not a list of numbers",
             "a,,b": "empty entry in 'a,,b'",
             "": "SLURM_JOB_NODELIST is empty",
+            # Bounded before anything is expanded (Note [Bounded counts]).
+            "n[1-1048577]": "'n[1-1048577]' names 1048577 or more nodes; at most 1048576",
+            "n[1-99999999999999]": "names 99999999999999 or more nodes",
+            "r[1-2000]n[1-2000]": "'r[1-2000]n[1-2000]' names 4000000 or more nodes",
+            "a,n[1-1048576]": "'a,n[1-1048576]' names 1048577 or more nodes",
+            "n[1-" + "9" * 5000 + "]": "node numbers go up to 1000000000000000000",
+            "n\udcff1": "'n\\udcff1' is not a host name",
         }
         for text, message in cases.items():
             with self.subTest(text=text):
@@ -75,10 +94,27 @@ class SlurmTaskCounts(unittest.TestCase):
         self.assertEqual(slurm.expand_tasks_per_node("1,3(x2)"), [1, 3, 3])
 
     def test_bad_counts(self):
-        for text in ("2(x)", "x", "2(3)", "0", "2(x0)"):
+        for text in ("2(x)", "x", "2(3)", "0", "2(x0)", "\u00b2", "2(x99999999999)",
+                     "2(x" + "9" * 5000 + ")", "9" * 5000, "1048577", "1(x1048576),1"):
             with self.subTest(text=text):
                 with self.assertRaisesRegex(UsageError, "dtrain: SLURM_TASKS_PER_NODE="):
                     slurm.expand_tasks_per_node(text)
+
+    def test_largest_counts(self):
+        self.assertEqual(len(slurm.expand_tasks_per_node("1(x1048576)")), 1 << 20)
+        self.assertEqual(slurm.expand_tasks_per_node("1048576"), [1 << 20])
+
+    def test_bad_count_messages(self):
+        cases = {
+            "2(x99999999999)": "more than 1048576 task counts (the most ranks one job can have",
+            "1048577": "'1048577' gives a node more than 1048576 tasks",
+            "\u00b2": "'\u00b2' is not N or N(xR)",
+        }
+        for text, message in cases.items():
+            with self.subTest(text=text):
+                with self.assertRaises(UsageError) as caught:
+                    slurm.expand_tasks_per_node(text)
+                self.assertIn(message, str(caught.exception))
 
     def test_allocation_from_environment(self):
         env = {"SLURM_JOB_NODELIST": "node[01-03],gpu7", "SLURM_TASKS_PER_NODE": "2(x3),1"}
@@ -142,6 +178,19 @@ class ClusterHosts(unittest.TestCase):
             ({"SM_HOSTS": '["a"]'}, "dtrain: SM_HOSTS is set but SM_CURRENT_HOST is not"),
             ({"SM_HOSTS": '["a"]', "SM_CURRENT_HOST": "a", "SM_NUM_GPUS": "lots"},
              "dtrain: SM_NUM_GPUS='lots' is not a whole number"),
+            ({"SM_HOSTS": '["a"]', "SM_CURRENT_HOST": "a", "SM_NUM_GPUS": "\u00b2"},
+             "dtrain: SM_NUM_GPUS='\u00b2' is not a whole number"),
+            ({"SM_HOSTS": '["a"]', "SM_CURRENT_HOST": "a", "SM_NUM_GPUS": "9" * 5000},
+             "dtrain: SM_NUM_GPUS='" + "9" * 80 + "'... (5000 characters): a host has at most "
+             "1048576 ranks"),
+            ({"DTRAIN_HOSTS": "a:1048577", "DTRAIN_CURRENT_HOST": "a"},
+             "host 'a' has 1048577 slots; a host has 1 to 1048576"),
+            ({"DTRAIN_HOSTS": "a,\udcffb", "DTRAIN_CURRENT_HOST": "a"},
+             "dtrain: DTRAIN_HOSTS='a,\\udcffb': '\\udcffb' is not a host name"),
+            ({"DTRAIN_HOSTS": "a,b", "DTRAIN_CURRENT_HOST": "\udcff"},
+             "dtrain: DTRAIN_CURRENT_HOST='\\udcff' is not one of the hosts"),
+            ({"SM_HOSTS": '["a", "\udcff"]', "SM_CURRENT_HOST": "a"},
+             "dtrain: SM_HOSTS: '\\udcff' is not a host name"),
         ]
         for env, message in cases:
             with self.subTest(env=env):

@@ -1,11 +1,16 @@
 """Which MPI launcher dtrainrun picks, and the command line it gives MPICH's Hydra and Open MPI's
 mpirun. Open MPI is checked at the level of its arguments (it need not be installed)."""
 import os
+import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tempfile
 import unittest
 
-from launcher_test_support import clean_env, dtrainrun, package_path, program
+from launcher_test_support import (clean_env, dtrainrun, make_install, package_path, program,
+                                   write_script)
 
 package_path()
 from dtrain_launcher import mpi  # noqa: E402
@@ -66,16 +71,20 @@ class ChoosingTheLauncher(unittest.TestCase):
         self.assertEqual(got.version, "HYDRA 4.0.2")
         got = choose(FakeSystem(self.both, ldd=LDD_OPENMPI))
         self.assertEqual((got.flavor, os.path.basename(got.path)), ("openmpi", "mpirun.openmpi"))
-        self.assertEqual(got.version, "Open MPI 4.1.4")
+        self.assertEqual(got.version, "Open MPI 4.1.4, ORTE")
 
     def test_unsuffixed_mpiexec_is_not_trusted_by_name(self):
         # mpiexec is Open MPI's here; a program built with MPICH must not get it.
         system = FakeSystem({"mpiexec": OPENMPI_VERSION, "mpiexec.hydra": HYDRA_VERSION},
                             ldd=LDD_MPICH)
         self.assertEqual(os.path.basename(choose(system).path), "mpiexec.hydra")
-        with self.assertRaisesRegex(UsageError, "the job needs MPICH \\(Hydra\\) \\(the program "
-                                                "links libmpich.so.12\\) but none of"):
+        with self.assertRaises(UsageError) as caught:
             choose(FakeSystem({"mpiexec": OPENMPI_VERSION}, ldd=LDD_MPICH))
+        self.assertRegex(str(caught.exception),
+                         r"^dtrain: the job needs MPICH's launcher \(the program links "
+                         r"libmpich.so.12\), but the launchers found are not: \S+/mpiexec is "
+                         r"Open MPI's \(Open MPI 4.1.4, ORTE\)\. Install MPICH's launcher, or "
+                         r"name it with --launcher PATH$")
 
     def test_build_description_when_the_program_says_nothing(self):
         got = choose(FakeSystem(self.both), build_config={"mpi_flavor": "openmpi"})
@@ -89,13 +98,83 @@ class ChoosingTheLauncher(unittest.TestCase):
             choose(FakeSystem(self.both))
 
     def test_explicit_choices(self):
-        got = choose(FakeSystem(self.both, ldd=LDD_MPICH), mpi="openmpi")
+        got = choose(FakeSystem(self.both), mpi="openmpi")
         self.assertEqual((got.flavor, got.reason), ("openmpi", "given with --mpi"))
         system = FakeSystem(self.both)
         got = choose(system, launcher=system.paths["mpiexec.mpich"])
         self.assertEqual((got.flavor, got.reason), ("mpich", "given with --launcher"))
-        with self.assertRaisesRegex(UsageError, "is MPICH \\(Hydra\\) but --mpi says openmpi"):
+        with self.assertRaisesRegex(UsageError, "^dtrain: --launcher \\S+ is MPICH's launcher "
+                                                "\\(HYDRA 4.0.2\\), but the job needs Open "
+                                                "MPI's \\(given with --mpi\\)"):
             choose(system, launcher=system.paths["mpiexec.mpich"], mpi="openmpi")
+
+    def test_what_the_program_links_cannot_be_overridden(self):
+        # Any other launcher would start each rank as a one-rank job of its own.
+        with self.assertRaisesRegex(UsageError, "^dtrain: --mpi openmpi, but the program links "
+                                                "libmpich.so.12 \\(MPICH\\); a launcher of "
+                                                "another MPI starts each rank as a separate "
+                                                "one-rank job; drop --mpi$"):
+            choose(FakeSystem(self.both, ldd=LDD_MPICH), mpi="openmpi")
+        system = FakeSystem(self.both, ldd=LDD_MPICH)
+        with self.assertRaises(UsageError) as caught:
+            choose(system, launcher=system.paths["mpirun.openmpi"])
+        self.assertEqual(str(caught.exception),
+                         f"dtrain: --launcher {system.paths['mpirun.openmpi']} is Open MPI's "
+                         f"launcher (Open MPI 4.1.4, ORTE), but the job needs MPICH's (the "
+                         f"program links libmpich.so.12); a launcher of another MPI starts each "
+                         f"rank as a separate one-rank job. Leave --launcher out to use "
+                         f"{system.paths['mpiexec.mpich']}, or pass that MPI's launcher with "
+                         f"--launcher")
+
+    def test_a_launcher_of_the_other_mpi_than_the_build(self):
+        # A script: ldd sees no MPI, so the build's MPI stands for the program's, and --mpi can
+        # say otherwise.
+        system = FakeSystem(self.both)
+        build = {"mpi_flavor": "mpich"}
+        with self.assertRaises(UsageError) as caught:
+            choose(system, launcher=system.paths["mpirun.openmpi"], build_config=build)
+        self.assertIn("but the job needs MPICH's (the MPI dtrain was built with)",
+                      str(caught.exception))
+        self.assertIn(f"Leave --launcher out to use {system.paths['mpiexec.mpich']}, or pass "
+                      f"that MPI's launcher with --launcher; if the program uses Open MPI (ldd "
+                      f"cannot tell for a script or a static program), say so with --mpi "
+                      f"openmpi", str(caught.exception))
+        got = choose(system, launcher=system.paths["mpirun.openmpi"], build_config=build,
+                     mpi="openmpi")
+        self.assertEqual((got.flavor, got.reason), ("openmpi", "given with --launcher; it fits: "
+                                                               "given with --mpi"))
+
+    def test_a_program_of_another_dtrain_gets_its_own_launcher(self):
+        got = choose(FakeSystem(self.both, ldd=LDD_OPENMPI), build_config={"mpi_flavor": "mpich"})
+        self.assertEqual(os.path.basename(got.path), "mpirun.openmpi")
+
+    def test_the_build_launcher_that_became_another_mpi(self):
+        # build.json names the launcher the build was configured with; since then it has become
+        # Open MPI's (Debian's alternatives), and no MPICH launcher is left.
+        system = FakeSystem({"mpiexec": OPENMPI_VERSION, "mpirun.openmpi": OPENMPI_VERSION})
+        build = {"mpi_flavor": "mpich", "mpiexec": system.paths["mpiexec"]}
+        with self.assertRaises(UsageError) as caught:
+            choose(system, build_config=build)
+        self.assertEqual(str(caught.exception),
+                         f"dtrain: the job needs MPICH's launcher (the MPI dtrain was built "
+                         f"with), but the launchers found are not: {system.paths['mpiexec']} is "
+                         f"Open MPI's (Open MPI 4.1.4, ORTE). Install MPICH's launcher, or name "
+                         f"it with --launcher PATH; if the program uses Open MPI (ldd cannot "
+                         f"tell for a script or a static program), pass --mpi openmpi")
+
+    def test_launcher_versions(self):
+        cases = {
+            HYDRA_VERSION: ("mpich", "HYDRA 4.0.2"),
+            "mpirun.openmpi (OpenRTE) 4.1.4\n\nReport bugs to ...\n": ("openmpi",
+                                                                    "Open MPI 4.1.4, ORTE"),
+            "mpirun (Open MPI) 5.0.3\n": ("openmpi", "Open MPI 5.0.3, PRRTE"),
+            "prterun (PRRTE) 3.0.5\n": ("openmpi", "PRRTE 3.0.5"),
+            "lamexec 7.1\n": (None, "lamexec 7.1"),
+        }
+        for text, expected in cases.items():
+            with self.subTest(text=text):
+                self.assertEqual(mpi.flavor_of_launcher("x", run=lambda argv: (0, text)),
+                                 expected)
 
 
 LAYOUT = [Host("node1", 2), Host("node2", 2)]
@@ -149,8 +228,10 @@ class DryRuns(unittest.TestCase):
 
     def test_openmpi_through_dtrainrun(self):
         fake = self.fake_openmpi()
-        done = dtrainrun("--dry-run", "--launcher", fake, "-H", "a:1,b:1", "-x", "EXTRA=1",
-                         "--", program("env_report.py"),
+        # The program is a script (ldd sees no MPI): --mpi says it uses Open MPI, as this
+        # dtrainrun was built with MPICH.
+        done = dtrainrun("--dry-run", "--mpi", "openmpi", "--launcher", fake, "-H", "a:1,b:1",
+                         "-x", "EXTRA=1", "--", program("env_report.py"),
                          env=clean_env(DTRAIN_CYCLE_TIME="3"))
         self.assertEqual(done.returncode, 0, done.stderr)
         argv = shlex.split(done.stdout)
@@ -181,6 +262,119 @@ class DryRuns(unittest.TestCase):
         self.assertEqual(done.returncode, 2)
         self.assertIn("dtrain: -np 5 needs 5 slots but the SLURM allocation has 4 (node01:2, "
                       "node02:2)", done.stderr)
+
+
+class TheOtherMpi(unittest.TestCase):
+    """A dtrainrun built with MPICH whose only launcher is a fake `mpiexec` that says it is Open
+    MPI's: the job is refused before anything starts, and --check-build says so."""
+
+    def setUp(self):
+        folder = tempfile.TemporaryDirectory()
+        self.addCleanup(folder.cleanup)
+        self.root = folder.name
+        self.bin = os.path.join(self.root, "fakebin")
+        os.makedirs(self.bin)
+        os.symlink(sys.executable, os.path.join(self.bin, "python3"))
+        self.calls = os.path.join(self.root, "calls")
+        self.fake = write_script(os.path.join(self.bin, "mpiexec"), f"""#!/bin/sh
+echo "$@" >> {self.calls}
+if [ "$1" = --version ]; then printf '%s' '{OPENMPI_VERSION}'; exit 0; fi
+exit 0
+""")
+        self.dtrainrun = make_install(
+            os.path.join(self.root, "prefix"),
+            # The launcher the build recorded is this fake: it has become Open MPI's since.
+            {"dtrain_version": "0.1.0", "mpi_flavor": "mpich", "mpiexec": self.fake},
+            "dtrain 0.1.0\n  MPI: mpich (MPICH Version: 4.0.2)\n")
+        self.marker = os.path.join(self.root, "ran")
+
+    def run_installed(self, *args):
+        # Only the fake launcher on PATH: no real MPI, no ldd.
+        return subprocess.run([self.dtrainrun, *args], env=clean_env(PATH=self.bin),
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, timeout=60, check=False)
+
+    def launcher_calls(self):
+        if not os.path.exists(self.calls):
+            return []
+        with open(self.calls) as f:
+            return f.read().splitlines()
+
+    def test_a_job_is_refused(self):
+        done = self.run_installed("-np", "2", "--", program("touch_file.py"), self.marker)
+        self.assertEqual((done.returncode, done.stdout), (2, ""), done.stderr)
+        self.assertEqual(done.stderr,
+                         f"dtrain: the job needs MPICH's launcher (the MPI dtrain was built "
+                         f"with), but the launchers found are not: {self.fake} is Open MPI's "
+                         f"(Open MPI 4.1.4, ORTE). Install MPICH's launcher, or name it with "
+                         f"--launcher PATH; if the program uses Open MPI (ldd cannot tell for a "
+                         f"script or a static program), pass --mpi openmpi\n")
+        self.assertEqual(set(self.launcher_calls()), {"--version"})  # asked, never started
+        self.assertFalse(os.path.exists(self.marker))
+
+    def test_the_other_launcher_given_is_refused(self):
+        done = self.run_installed("--launcher", self.fake, "-np", "2", "--",
+                                  program("touch_file.py"), self.marker)
+        self.assertEqual(done.returncode, 2, done.stderr)
+        self.assertIn(f"dtrain: --launcher {self.fake} is Open MPI's launcher (Open MPI 4.1.4, "
+                      f"ORTE), but the job needs MPICH's (the MPI dtrain was built with)",
+                      done.stderr)
+        self.assertIn("say so with --mpi openmpi", done.stderr)
+        self.assertEqual(set(self.launcher_calls()), {"--version"})
+
+    def test_check_build_reports_and_refuses(self):
+        done = self.run_installed("--check-build", "--", program("touch_file.py"))
+        self.assertEqual(done.returncode, 2, done.stdout + done.stderr)
+        self.assertEqual(done.stdout.splitlines()[:3], [
+            "dtrain 0.1.0", "  MPI: mpich (MPICH Version: 4.0.2)",
+            f"  program {program('touch_file.py')}: no MPI found (ldd is not available)"])
+        self.assertEqual(done.stdout.splitlines()[3],
+                         f"  launcher: refused: dtrain: the job needs MPICH's launcher (the MPI "
+                         f"dtrain was built with), but the launchers found are not: {self.fake} "
+                         f"is Open MPI's (Open MPI 4.1.4, ORTE). Install MPICH's launcher, or "
+                         f"name it with --launcher PATH; if the program uses Open MPI (ldd cannot "
+                         f"tell for a script or a static program), pass --mpi openmpi")
+        self.assertEqual(set(self.launcher_calls()), {"--version"})
+
+    def test_saying_the_program_uses_it(self):
+        done = self.run_installed("--mpi", "openmpi", "--dry-run", "-np", "2", "--",
+                                  program("touch_file.py"), self.marker)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(shlex.split(done.stdout)[:3], [self.fake, "-np", "2"])
+        done = self.run_installed("--check-build", "--mpi", "openmpi", "--",
+                                  program("touch_file.py"))
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn(f"  launcher: Open MPI launcher {self.fake} (Open MPI 4.1.4, ORTE), because "
+                      f"given with --mpi\n  note: dtrain here was built with mpich, the program "
+                      f"uses openmpi", done.stdout)
+
+
+PROBE = os.environ.get("DTRAIN_TEST_PROBE")
+REAL_OPENMPI = shutil.which("mpirun.openmpi")
+
+
+@unittest.skipUnless(PROBE and REAL_OPENMPI and shutil.which("mpiexec.mpich"),
+                     "needs the MPICH test program (DTRAIN_TEST_PROBE) and both MPICH's and Open "
+                     "MPI's launchers")
+class BothMpisInstalled(unittest.TestCase):
+    """The real thing: an MPICH program and Open MPI's mpirun."""
+
+    def test_open_mpis_launcher_is_refused_for_an_mpich_program(self):
+        done = dtrainrun("--launcher", REAL_OPENMPI, "-np", "2", "--", PROBE)
+        self.assertEqual((done.returncode, done.stdout), (2, ""), done.stderr)
+        self.assertRegex(done.stderr, f"^dtrain: --launcher {re.escape(REAL_OPENMPI)} is Open "
+                                      f"MPI's launcher \\(Open MPI [0-9.]+, ORTE\\), but the job "
+                                      f"needs MPICH's \\(the program links libmpich")
+        done = dtrainrun("--check-build", "--launcher", REAL_OPENMPI, "--", PROBE)
+        self.assertEqual(done.returncode, 2, done.stdout + done.stderr)
+        self.assertIn(f"  program {PROBE}: links mpich (libmpich.so.12)\n  launcher: refused: "
+                      f"dtrain: --launcher {REAL_OPENMPI} is Open MPI's launcher", done.stdout)
+
+    def test_without_launcher_the_program_gets_mpich(self):
+        done = dtrainrun("--check-build", "--", PROBE)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn("  launcher: MPICH (Hydra) launcher ", done.stdout)
+        self.assertIn("because the program links libmpich.so.12", done.stdout)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,15 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import unittest
+from unittest import mock
 
-from launcher_test_support import clean_env, dtrainrun, package_path, program
+from launcher_test_support import PROGRAMS, clean_env, dtrainrun, package_path, program
 
 PROBE = os.environ.get("DTRAIN_TEST_PROBE")
+sys.path.insert(0, PROGRAMS)
+import long_lines  # noqa: E402  (the test program's content(), to check its lines)
 HOST = socket.gethostname()
 
 
@@ -38,6 +42,40 @@ class Output(unittest.TestCase):
         self.assertNotIn("<stdout>", done.stdout)
         self.assertIn("warning from 1\n", done.stderr)
         self.assertNotIn("<stderr>", done.stderr)
+
+
+    def test_lines_of_several_mib_arrive_whole(self):
+        # 5 MiB and 3 MiB lines, and a last one of 1.5 MiB without a newline: each arrives as one
+        # line with one tag, in order, and larger than what dtrainrun keeps in memory
+        # (records.SPILL_BYTES), so the temporary-file path is part of the test.
+        sizes = {"stdout": 5 << 20, "stderr": 3 << 20, "last": 3 << 19}
+        done = dtrainrun("-np", "2", "--", program("long_lines.py"), str(sizes["stdout"]),
+                         str(sizes["stderr"]), str(sizes["last"]), timeout=180)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        out, err = done.stdout.splitlines(), done.stderr.splitlines()
+        self.assertEqual(len(out), 6, [line[:80] for line in out])
+        self.assertEqual(len(err), 2, [line[:80] for line in err])
+        for rank in (0, 1):
+            tag = f"[{rank}]<stdout>:"
+            mine = [line for line in out if line.startswith(f"[{rank}]")]
+            expected = [tag + long_lines.content(rank, "stdout", sizes["stdout"]).decode(),
+                        tag + f"after the long line from {rank}",
+                        tag + long_lines.content(rank, "last", sizes["last"]).decode()]
+            self.assertEqual(len(mine), 3)
+            for got, want in zip(mine, expected):
+                self.assertTrue(got == want, f"rank {rank}: a line of {len(got)} characters "
+                                             f"instead of {len(want)}: {got[:100]}")
+            want = (f"[{rank}]<stderr>:" +
+                    long_lines.content(rank, "stderr", sizes["stderr"]).decode())
+            self.assertIn(want, err)
+
+    def test_long_lines_without_prefix(self):
+        done = dtrainrun("--no-prefix", "-np", "1", "--", program("long_lines.py"),
+                         str(1 << 20), "10", "3", timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr[-2000:])
+        self.assertEqual(done.stdout.splitlines(),
+                         [long_lines.content(0, "stdout", 1 << 20).decode(),
+                          "after the long line from 0", long_lines.content(0, "last", 3).decode()])
 
 
 class Variables(unittest.TestCase):
@@ -136,6 +174,126 @@ class RankWrapper(unittest.TestCase):
         self.assertIn(b"[4]<stderr>:dtrain: rank 4 on ", rest)
         self.assertIn(b"cannot start /nonexistent/program: No such file or directory", rest)
         self.assertEqual(found[-1]["code"], 127)
+
+    def test_program_name_that_is_not_utf8(self):
+        done, rest, found = self.wrap("/nonexistent/caf\udce9")
+        self.assertEqual(done.returncode, 127, done.stderr)
+        self.assertIn(b"cannot start /nonexistent/caf\xe9: No such file or directory", rest)
+        self.assertEqual(found[-1]["code"], 127)
+
+    def test_rank_that_is_not_a_number(self):
+        for odd in ("\u00b2", "9" * 5000):
+            with self.subTest(rank=odd[:8]):
+                done = subprocess.run([os.environ.get("DTRAINRUN", "dtrainrun"), "--rank-shim",
+                                       "0123abcd", "--", "echo", "hello"],
+                                      env=clean_env(PMI_RANK=odd), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, check=False)
+                self.assertEqual(done.returncode, 0, done.stderr)
+                self.assertEqual(done.stdout, b"[?]<stdout>:hello\n")
+
+
+class LinePieces(unittest.TestCase):
+    """Note [Line pieces]: the wrapper splits lines into pieces without holding them, dtrainrun
+    joins them without cutting, in memory or in a temporary file."""
+
+    @classmethod
+    def setUpClass(cls):
+        package_path()
+        from dtrain_launcher import records
+        cls.records = records
+
+    def join(self, pieces, spill_bytes=1000):
+        """What dtrainrun prints for these pieces, as (tag, text) per line."""
+        lines, open_line = [], None
+        for piece in pieces:
+            self.assertTrue(piece.endswith(b"\n"))
+            self.assertLessEqual(len(piece), self.records.PIECE_BYTES)
+            rank, stream, continued, text = self.records.parse_tag(piece)
+            open_line = open_line or self.records.Line(spill_bytes)
+            open_line.append(text[:-1] if continued else text)
+            if not continued:
+                lines.append((rank, stream, b"".join(open_line.chunks())))
+                open_line.close()
+                open_line = None
+        self.assertIsNone(open_line, "a line was left without its last piece")
+        return lines
+
+    def test_the_wrapper_holds_less_than_a_piece(self):
+        splitter = self.records.Splitter("3", "stdout")
+        data = long_lines.content(3, "stdout", 3 << 20) + b"\nshort\n" + b"z" * 10000
+        pieces = []
+        for start in range(0, len(data), 65536):
+            pieces += splitter.feed(data[start:start + 65536])
+            self.assertLess(len(splitter.pending), self.records.PIECE_BYTES)
+        pieces += splitter.feed(b"", final=True)
+        self.assertEqual(self.join(pieces), [(3, "stdout", data[:(3 << 20) + 1]),
+                                             (3, "stdout", b"short\n"),
+                                             (3, "stdout", b"z" * 10000 + b"\n")])
+
+    def test_a_line_ending_on_a_piece_boundary(self):
+        splitter = self.records.Splitter("0", "stderr")
+        size = splitter.size
+        pieces = list(splitter.feed(b"a" * size))
+        self.assertEqual(len(pieces), 1)  # passed on already, with "more follows"
+        pieces += splitter.feed(b"", final=True)
+        self.assertEqual(pieces[-1], b"[0]<stderr>:\n")
+        self.assertEqual(self.join(pieces), [(0, "stderr", b"a" * size + b"\n")])
+
+    def test_a_long_line_is_spilled_to_a_file_and_comes_back_whole(self):
+        line = self.records.Line(spill_bytes=1000)
+        data = long_lines.content(0, "stdout", 100000)
+        for start in range(0, len(data), 777):
+            line.append(data[start:start + 777])
+        self.assertIsNotNone(line.file)
+        self.assertLessEqual(len(line.memory), 1000)
+        self.assertEqual(b"".join(line.chunks(chunk_bytes=4096)), data)
+        self.assertEqual(b"".join(line.chunks()), data)  # again, from the start
+        line.close()
+
+    def test_without_a_temporary_file_the_line_stays_in_memory(self):
+        with mock.patch.object(self.records.tempfile, "TemporaryFile",
+                               side_effect=OSError(28, "No space left on device")):
+            line = self.records.Line(spill_bytes=1000)
+            line.append(b"x" * 5000)
+            line.append(b"y" * 5000)
+        self.assertIsNone(line.file)
+        self.assertEqual(b"".join(line.chunks()), b"x" * 5000 + b"y" * 5000)
+
+    def test_a_temporary_file_that_fills_up(self):
+        import io
+
+        class FillsUp(io.BytesIO):
+            """Takes 3000 bytes, then part of a write, then fails like a full disk."""
+            def write(self, data):
+                room = 3500 - self.tell()
+                if room <= 0:
+                    raise OSError(28, "No space left on device")
+                return super().write(bytes(data)[:room])
+
+        with mock.patch.object(self.records.tempfile, "TemporaryFile",
+                               side_effect=lambda **_: FillsUp()):
+            line = self.records.Line(spill_bytes=1000)
+            data = long_lines.content(0, "stdout", 20000)
+            for start in range(0, len(data), 1500):
+                line.append(data[start:start + 1500])
+        self.assertEqual(line.file_bytes, 3000)
+        self.assertEqual(b"".join(line.chunks(chunk_bytes=512)), data)
+
+    def test_a_line_whose_last_piece_never_came(self):
+        # The wrapper was killed while passing a long line on: what came is printed, ended.
+        from dtrain_launcher import job
+
+        class Captured(job.Output):
+            lines = []
+
+            def rank_line(self, rank, stream, line):
+                self.lines.append((rank, stream, b"".join(line.chunks())))
+
+        launcher = [sys.executable, "-c", "print('[0]<stdout>+:abc'); print('[0]<stdout>+:def')"]
+        output = Captured(True, False)
+        job.run_attempt(launcher, clean_env(), 1, "0123abcd", output, 30, job.Interrupts(),
+                        "python")
+        self.assertEqual(output.lines, [(0, "stdout", b"abcdef\n")])
 
 
 if __name__ == "__main__":

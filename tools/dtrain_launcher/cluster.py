@@ -25,8 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .errors import EXIT_LEADER_LOST, EXIT_NOT_STARTED, LaunchError, UsageError
+from .errors import EXIT_LEADER_LOST, EXIT_NOT_STARTED, LaunchError, UsageError, shown
 from .hosts import Host, natural_key, parse_host_entry
+from .limits import MAX_RANKS, MAX_RANKS_WHY, parse_count
 from .job import Output, write_all
 
 PROTOCOL = 1
@@ -53,12 +54,16 @@ class ClusterHosts:
 def default_slots(env: Mapping[str, str], slots: Optional[int]) -> Tuple[int, str]:
     if slots is not None:
         return slots, "--slots"
-    gpus = env.get("SM_NUM_GPUS", "").strip()
-    if gpus:
-        if not gpus.isdigit():
-            raise UsageError(f"dtrain: SM_NUM_GPUS='{gpus}' is not a whole number")
-        if int(gpus) > 0:
-            return int(gpus), "SM_NUM_GPUS"
+    gpus_text = env.get("SM_NUM_GPUS", "").strip()
+    if gpus_text:
+        gpus = parse_count(gpus_text, MAX_RANKS)
+        if gpus is None:
+            raise UsageError(f"dtrain: SM_NUM_GPUS={shown(gpus_text)} is not a whole number")
+        if gpus > MAX_RANKS:
+            raise UsageError(f"dtrain: SM_NUM_GPUS={shown(gpus_text)}: a host has at most "
+                             f"{MAX_RANKS} ranks ({MAX_RANKS_WHY})")
+        if gpus > 0:
+            return gpus, "SM_NUM_GPUS"
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -74,7 +79,7 @@ def hosts_from_env(env: Mapping[str, str], slots: Optional[int]) -> ClusterHosts
             raise UsageError("dtrain: DTRAIN_HOSTS is set but DTRAIN_CURRENT_HOST is not; set it "
                              "to this host's name as it appears in DTRAIN_HOSTS")
         entries = env["DTRAIN_HOSTS"].split(",")
-        hosts = [parse_host_entry(e, f"DTRAIN_HOSTS='{env['DTRAIN_HOSTS']}'", count)
+        hosts = [parse_host_entry(e, f"DTRAIN_HOSTS={shown(env['DTRAIN_HOSTS'])}", count)
                  for e in entries]
         current = env["DTRAIN_CURRENT_HOST"].strip()
         current_var = "DTRAIN_CURRENT_HOST"
@@ -83,10 +88,11 @@ def hosts_from_env(env: Mapping[str, str], slots: Optional[int]) -> ClusterHosts
         try:
             names = json.loads(env["SM_HOSTS"])
         except ValueError as e:
-            raise UsageError(f"dtrain: SM_HOSTS='{env['SM_HOSTS']}' is not JSON: {e}") from None
+            raise UsageError(f"dtrain: SM_HOSTS={shown(env['SM_HOSTS'])} is not JSON: "
+                             f"{e}") from None
         if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise UsageError(f"dtrain: SM_HOSTS='{env['SM_HOSTS']}' is not a JSON list of host "
-                             f"names")
+            raise UsageError(f"dtrain: SM_HOSTS={shown(env['SM_HOSTS'])} is not a JSON list of "
+                             f"host names")
         hosts = [parse_host_entry(n, "SM_HOSTS", count) for n in names]
         if any(":" in n for n in names):
             raise UsageError("dtrain: SM_HOSTS names hosts only; slots come from SM_NUM_GPUS "
@@ -102,13 +108,18 @@ def hosts_from_env(env: Mapping[str, str], slots: Optional[int]) -> ClusterHosts
     seen = set()
     for h in hosts:
         if h.name in seen:
-            raise UsageError(f"dtrain: {source} lists host '{h.name}' twice")
+            raise UsageError(f"dtrain: {source} lists host {shown(h.name)} twice")
         seen.add(h.name)
     if current not in seen:
-        raise UsageError(f"dtrain: {current_var}='{current}' is not one of the hosts in {source} "
-                         f"({', '.join(h.name for h in hosts)})")
+        raise UsageError(f"dtrain: {current_var}={shown(current)} is not one of the hosts in "
+                         f"{source} ({describe_names(hosts)})")
     hosts.sort(key=lambda h: natural_key(h.name))
     return ClusterHosts(hosts, current, source)
+
+
+def describe_names(hosts: List[Host], most: int = 8) -> str:
+    text = ", ".join(h.name for h in hosts[:most])
+    return text + (f", and {len(hosts) - most} more" if len(hosts) > most else "")
 
 
 def _send(sock: socket.socket, message: dict) -> None:
@@ -281,13 +292,18 @@ class LeaderOutput(Output):
         super().__init__(prefix, verbose)
         self.leader = leader
 
-    def rank_line(self, rank, stream, tagged, text) -> None:
-        super().rank_line(rank, stream, tagged, text)
+    def rank_line(self, rank, stream, line) -> None:
+        super().rank_line(rank, stream, line)
         hosts = self.leader.rank_hosts
         here = self.leader.cluster.leader
         if rank is not None and 0 <= rank < len(hosts) and hosts[rank] != here:
-            self.leader.send(hosts[rank], {"type": "line", "stream": stream,
-                                           "data": _text(tagged if self.prefix else text)})
+            # A long line goes as several messages, one after the other: the follower writes
+            # each as it comes, and nothing else goes to its stdout in between.
+            head = self.head(rank, stream)
+            for chunk in line.chunks():
+                self.leader.send(hosts[rank], {"type": "line", "stream": stream,
+                                               "data": _text(head + chunk)})
+                head = b""
 
     def note(self, text: str) -> None:
         super().note(text)

@@ -19,3 +19,13 @@ class LaunchError(Exception):
     def __init__(self, message, exit_code=EXIT_NOT_STARTED):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def shown(text: str, limit: int = 80, quote: str = "'") -> str:
+    """`text` quoted for a message: characters that would not print as themselves (control
+    characters, bytes that were not UTF-8) escaped as in Python, and cut after `limit` characters,
+    so that a value from a hostfile or the environment cannot garble or flood the message."""
+    escaped = "".join(c if c.isprintable() and c.isascii() else repr(c)[1:-1] for c in
+                      text[:limit])
+    more = f"... ({len(text)} characters)" if len(text) > limit else ""
+    return f"{quote}{escaped}{quote}{more}"

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import records
 from .errors import EXIT_NOT_STARTED, EXIT_RESTARTS_EXHAUSTED
@@ -42,6 +42,12 @@ def write_all(fd: int, data: bytes) -> None:
             return
 
 
+def write_text(fd: int, text: str) -> None:
+    """Text that may hold bytes that were not UTF-8 (program arguments, host names, values from
+    the environment, all decoded with surrogateescape) written back as those bytes."""
+    write_all(fd, text.encode("utf-8", "surrogateescape"))
+
+
 class Output:
     """Where the job's lines go: this process's stdout and stderr. The cluster leader extends it
     to also send each line to the host its rank runs on."""
@@ -50,8 +56,18 @@ class Output:
         self.prefix = prefix
         self.verbose = verbose
 
-    def rank_line(self, rank: Optional[int], stream: str, tagged: bytes, text: bytes) -> None:
-        write_all(1 if stream == "stdout" else 2, tagged if self.prefix else text)
+    def head(self, rank: Optional[int], stream: str) -> bytes:
+        """What goes before a rank's line: its tag, or nothing with --no-prefix."""
+        return records.tag("?" if rank is None else str(rank), stream) if self.prefix else b""
+
+    def rank_line(self, rank: Optional[int], stream: str, line: records.Line) -> None:
+        """A rank's whole line (ending in a newline), written without anything between its
+        parts."""
+        fd = 1 if stream == "stdout" else 2
+        head = self.head(rank, stream)
+        for chunk in line.chunks():
+            write_all(fd, head + chunk)
+            head = b""
 
     def launcher_line(self, stream: str, line: bytes) -> None:
         if not self.verbose and (_HYDRA_BANNER.match(line) or not line.strip()):
@@ -60,7 +76,7 @@ class Output:
 
     def note(self, text: str) -> None:
         """dtrainrun's own messages."""
-        write_all(2, (text + "\n").encode())
+        write_text(2, text + "\n")
 
 
 @dataclass
@@ -77,12 +93,20 @@ class _State:
     started: Dict[int, str] = field(default_factory=dict)
     ended: Dict[int, dict] = field(default_factory=dict)
     first_failure: Optional[dict] = None
-    pieces: Dict[tuple, bytearray] = field(default_factory=dict)  # Note [Line pieces]
+    pieces: Dict[tuple, records.Line] = field(default_factory=dict)  # Note [Line pieces]
     failed_at: float = 0.0
 
 
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
+def ranks_text(ranks: Sequence[int]) -> str:
+    """Ascending ranks as runs: '1, 3-5'; a job of a million ranks that never started is one
+    run, not a million numbers."""
+    runs: List[List[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 class Interrupts:
@@ -176,6 +200,7 @@ def run_attempt(argv: Sequence[str], env: Mapping[str, str], np: int, token: str
         for stream, rest in pending.items():  # what processes left behind had not ended
             for line in records.iter_lines(rest, final=True):
                 _take_line(line, stream, state, output)
+        _end_unfinished_lines(state, output)
         rc = process.wait()
     finally:
         selector.close()
@@ -213,13 +238,28 @@ def _take_line(line: bytes, stream: str, state: _State, output: Output) -> None:
         output.launcher_line(stream, rest)
         return
     key = (rank, tagged_stream)
+    line = state.pieces.pop(key, None) or records.Line()
     if continued:
-        state.pieces.setdefault(key, bytearray()).extend(text[:-1])
+        line.append(text[:-1])  # the newline ends the piece, not the line
+        state.pieces[key] = line
         return
-    if key in state.pieces:
-        text = bytes(state.pieces.pop(key)) + text
-        rest = records.tag("?" if rank is None else str(rank), tagged_stream) + text
-    output.rank_line(rank, tagged_stream, rest, text)
+    line.append(text)
+    try:
+        output.rank_line(rank, tagged_stream, line)
+    finally:
+        line.close()
+
+
+def _end_unfinished_lines(state: _State, output: Output) -> None:
+    """Lines whose last piece never came (the wrapper was killed while passing a long line on):
+    printed as they are, ended with a newline."""
+    for (rank, stream), line in state.pieces.items():
+        line.append(b"\n")
+        try:
+            output.rank_line(rank, stream, line)
+        finally:
+            line.close()
+    state.pieces.clear()
 
 
 def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s: float,
@@ -233,7 +273,7 @@ def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s
     never_started = [r for r in range(state.np) if r not in state.started]
     if stop_reason == "start":
         return Attempt(EXIT_NOT_STARTED,
-                       f"rank(s) {_ranks_text(never_started)} did not start within "
+                       f"rank(s) {ranks_text(never_started)} did not start within "
                        f"{start_timeout_s:g} s; can {launcher_name} reach their hosts? "
                        f"(--verbose shows its command)")
     if rc != 0:
@@ -241,10 +281,10 @@ def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s
                else f"exited with code {rc}")
         if never_started:
             return Attempt(EXIT_NOT_STARTED,
-                           f"{launcher_name} {how} before rank(s) {_ranks_text(never_started)} "
+                           f"{launcher_name} {how} before rank(s) {ranks_text(never_started)} "
                            f"started")
         unreported = [r for r in range(state.np) if r not in state.ended]
-        detail = (f"; rank(s) {_ranks_text(unreported)} ended without reporting their status"
+        detail = (f"; rank(s) {ranks_text(unreported)} ended without reporting their status"
                   if unreported else "; every rank exited with 0")
         return Attempt(128 - rc if rc < 0 else rc, f"{launcher_name} {how}{detail}")
     return Attempt(0)

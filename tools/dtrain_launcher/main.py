@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -11,6 +12,12 @@ from typing import List, Mapping, Optional, Tuple
 from . import cluster, job, mpi, options, rank, records, slurm
 from .errors import EXIT_USAGE, LaunchError, UsageError
 from .hosts import Host, describe, fill, rank_hosts, read_hostfile, total_slots
+from .limits import MAX_RANKS, MAX_RANKS_WHY
+
+
+def say(text: str) -> None:
+    """A line on stdout: unbuffered like the job's output, and byte for byte (job.write_text)."""
+    job.write_text(1, text + "\n")
 
 
 def resolve_program(name: str) -> str:
@@ -43,6 +50,9 @@ def plan_hosts(o: options.Options, env: Mapping[str, str]) -> Tuple[List[Host], 
 
 def plan_layout(np: Optional[int], hosts: List[Host], source: str) -> List[Host]:
     available = total_slots(hosts)
+    if np is None and available > MAX_RANKS:
+        raise UsageError(f"dtrain: {source} has {available} slots ({describe(hosts)}), more than "
+                         f"{MAX_RANKS} ({MAX_RANKS_WHY}); choose how many ranks with -np N")
     wanted = available if np is None else np
     if wanted > available:
         raise UsageError(f"dtrain: -np {wanted} needs {wanted} slots but {source} has "
@@ -84,34 +94,43 @@ class Context:
 
 
 def check_build(o: options.Options, ctx: Context) -> int:
-    ok = True
+    """--check-build: what dtrain was built with (from dtrain-build-info, a program compiled with
+    the build), the MPI the program links, and the launcher that would start it. Exits with 0
+    when they fit, with EXIT_USAGE when a job would be refused (and says why, as the job would),
+    and with 1 when dtrain-build-info is missing or fails."""
+    code = 0
+    build_config = dict(ctx.build_config or {})
     info = ctx.build_info_program()
     if info is None:
-        print("dtrain: dtrain-build-info is not installed beside dtrainrun; build and install "
-              "dtrain (cmake --install) to see what it was built with")
-        ok = False
+        say("dtrain: dtrain-build-info is not installed beside dtrainrun; build and install "
+            "dtrain (cmake --install) to see what it was built with")
+        code = 1
     else:
         done = subprocess.run([info], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, check=False)
-        sys.stdout.write(done.stdout.decode("utf-8", "replace"))
-        ok = done.returncode == 0
+        job.write_all(1, done.stdout)
+        if done.returncode != 0:
+            code = 1
+        reported = re.search(rb"^  MPI: (mpich|openmpi) ", done.stdout, re.MULTILINE)
+        if reported and build_config.get("mpi_flavor") not in mpi.FLAVORS:
+            # No build.json beside this dtrainrun: the compiled program's word stands.
+            build_config["mpi_flavor"] = reported.group(1).decode()
     program = resolve_program(o.program[0]) if o.program else None
     if program is not None:
         flavor, evidence = mpi.flavor_of_program(program)
-        print(f"  program {o.program[0]}: "
-              + (f"links {flavor} ({evidence})" if flavor else f"no MPI found ({evidence})"))
+        say(f"  program {o.program[0]}: "
+            + (f"links {flavor} ({evidence})" if flavor else f"no MPI found ({evidence})"))
     try:
-        launcher = mpi.choose(program, o.mpi, o.launcher, ctx.build_config)
-        print(f"  launcher: {launcher.describe()}, because {launcher.reason}")
-        built = ctx.build_config.get("mpi_flavor") if ctx.build_config else None
-        if built in mpi.FLAVORS and built != launcher.flavor:
-            print(f"  warning: dtrain was built with {built}; programs built with it need "
-                  f"that MPI's launcher")
+        launcher = mpi.choose(program, o.mpi, o.launcher, build_config)
     except UsageError as e:
-        print(f"  launcher: none usable: {e}")
-        ok = False
-    sys.stdout.flush()
-    return 0 if ok else 1
+        say(f"  launcher: refused: {e}")
+        return EXIT_USAGE
+    say(f"  launcher: {launcher.describe()}, because {launcher.reason}")
+    built = build_config.get("mpi_flavor")
+    if built in mpi.FLAVORS and built != launcher.flavor:
+        say(f"  note: dtrain here was built with {built}, the program uses {launcher.flavor}: it "
+            f"was built with another dtrain, and gets its own MPI's launcher")
+    return code
 
 
 def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: List[Host],
@@ -140,7 +159,7 @@ def _attempt_runner(o: options.Options, ctx: Context, launcher: mpi.Launcher,
 
 def _print_dry_run(o: options.Options, ctx: Context, launcher: mpi.Launcher,
                    layout: List[Host]) -> int:
-    print(shlex.join(_launch(o, ctx, launcher, layout, "TOKEN", 0)[0]))
+    say(shlex.join(_launch(o, ctx, launcher, layout, "TOKEN", 0)[0]))
     return 0
 
 
@@ -159,7 +178,7 @@ def run_cluster(o: options.Options, ctx: Context, program: str) -> int:
     if hosts.current != hosts.leader:
         output = job.Output(o.prefix, o.verbose)
         if o.dry_run:
-            print(f"dtrainrun: {hosts.current} would follow leader {hosts.leader} on port "
+            say(f"dtrainrun: {hosts.current} would follow leader {hosts.leader} on port "
                   f"{o.cluster_port}")
             return 0
         return cluster.follow(hosts, o.cluster_port, o.cluster_timeout_s, o.program, output)
@@ -193,10 +212,10 @@ def run(argv: List[str], entry_script: str, package_root: str) -> int:
     try:
         o = options.parse(argv)
         if o.help:
-            sys.stdout.write(options.HELP)
+            job.write_text(1, options.help_text())
             return 0
         if o.version:
-            print(f"dtrainrun ({ctx.version()})")
+            say(f"dtrainrun ({ctx.version()})")
             return 0
         if o.check_build:
             return check_build(o, ctx)

@@ -4,12 +4,19 @@ Note [Which MPI launches]
 A program built against MPICH must be started by MPICH's launcher (Hydra) and one built against
 Open MPI by mpirun from the same Open MPI: the other one starts N singletons that never meet. On
 Debian both may be installed, and the unsuffixed `mpiexec` is an alternative that can point at
-either. So dtrainrun decides the flavour first, in this order, and then looks for that flavour's
-launcher by its suffixed name, checking `--version` of whatever it finds:
-  1. --launcher PATH / --mpi FLAVOUR, when given;
-  2. the MPI library the program links (ldd), when the program is a dynamic executable;
-  3. the MPI dtrain was built with (build.json, written by the install);
+either. So dtrainrun first decides which MPI the program needs, and only then its launcher:
+  1. the MPI library the program links (ldd), when the program is a dynamic executable: nothing
+     overrides this, since any other launcher would start singletons (--mpi saying otherwise is
+     refused);
+  2. --mpi FLAVOUR, for a program whose MPI ldd cannot see (a script, a static program);
+  3. the MPI dtrain was built with (build.json, written by the build and the install);
   4. the only flavour whose launcher is installed.
+The launcher is --launcher PATH, or the first of that flavour's launchers (by their suffixed
+names, then mpiexec and mpirun) whose `--version` says it is of that flavour. A --launcher of the
+other flavour is refused, as is a job for which no launcher of its flavour exists; the message
+says which launchers were found, what they are, and how to choose (--launcher, --mpi).
+A program that links the other MPI than the one dtrain was built with was built with another
+dtrain; it still gets its own MPI's launcher (--check-build notes it).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ _CANDIDATES = {
     "openmpi": ("mpirun.openmpi", "mpiexec.openmpi", "mpirun", "mpiexec"),
 }
 _FLAVOR_NAMES = {"mpich": "MPICH (Hydra)", "openmpi": "Open MPI"}
+_MPI_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI"}
 
 # Variables that exist only for dtrainrun itself and are not passed to the ranks (dtrain would
 # warn about DTRAIN_ names that are not settings).
@@ -64,14 +72,20 @@ def run_quietly(argv: Sequence[str]) -> Tuple[int, str]:
 
 
 def flavor_of_launcher(path: str, run: Runner = run_quietly) -> Tuple[Optional[str], str]:
-    """(flavour, version line) from `path --version`; flavour None when it is neither."""
+    """(flavour, version) from `path --version`; flavour None when it is neither. The version
+    names Open MPI's runtime: ORTE up to Open MPI 4, PRRTE from 5."""
     _, text = run([path, "--version"])
     if "HYDRA" in text:
         m = re.search(r"Version:\s*(\S+)", text)
         return "mpich", f"HYDRA {m.group(1)}" if m else "HYDRA"
-    m = re.search(r"^.*\((Open MPI|OpenRTE)\)\s*(\S+).*$", text, re.MULTILINE)
+    m = re.search(r"^.*\((Open MPI|OpenRTE|PRRTE)\)\s*(\S+).*$", text, re.MULTILINE)
     if m:
-        return "openmpi", f"Open MPI {m.group(2)}"
+        kind, version = m.group(1), m.group(2)
+        if kind == "PRRTE":
+            return "openmpi", f"PRRTE {version}"
+        major = re.match(r"[0-9]+", version)
+        runtime = "PRRTE" if major and int(major.group(0)) >= 5 else "ORTE"
+        return "openmpi", f"Open MPI {version}, {runtime}"
     first = text.strip().splitlines()[0] if text.strip() else "no output"
     return None, first
 
@@ -107,7 +121,23 @@ def read_build_config(path: Optional[str]) -> Optional[Dict[str, object]]:
 def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
            build_config: Optional[Mapping[str, object]], run: Runner = run_quietly,
            which: Callable[[str], Optional[str]] = shutil.which) -> Launcher:
-    """See Note [Which MPI launches]. Raises UsageError when no fitting launcher exists."""
+    """See Note [Which MPI launches]. Raises UsageError when the launcher would not fit the
+    program or no fitting launcher exists."""
+    built = build_config.get("mpi_flavor") if build_config else None
+    built = built if built in FLAVORS else None
+    linked, evidence = flavor_of_program(program, run) if program else (None, "")
+    if linked is not None and mpi is not None and mpi != linked:
+        raise UsageError(f"dtrain: --mpi {mpi}, but the program links {evidence} "
+                         f"({_MPI_NAMES[linked]}); {_SINGLETONS}; drop --mpi")
+    if linked is not None:
+        needed, reason = linked, f"the program links {evidence}"
+    elif mpi is not None:
+        needed, reason = mpi, "given with --mpi"
+    elif built is not None:
+        needed, reason = built, "the MPI dtrain was built with"
+    else:
+        needed, reason = None, ""
+
     if launcher is not None:
         path = which(launcher) if os.sep not in launcher else launcher
         if path is None or not os.access(path, os.X_OK):
@@ -116,54 +146,83 @@ def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
         if flavor is None:
             raise UsageError(f"dtrain: --launcher {launcher}: `{launcher} --version` names neither "
                              f"MPICH's Hydra nor Open MPI ({version})")
-        if mpi is not None and mpi != flavor:
-            raise UsageError(f"dtrain: --launcher {launcher} is {_FLAVOR_NAMES[flavor]} but --mpi "
-                             f"says {mpi}")
-        return Launcher(flavor, path, version, "given with --launcher")
+        if needed is not None and flavor != needed:
+            raise UsageError(
+                f"dtrain: --launcher {launcher} is {_MPI_NAMES[flavor]}'s launcher ({version}), "
+                f"but the job needs {_MPI_NAMES[needed]}'s ({reason}); {_SINGLETONS}. "
+                + _how_to_choose(needed, flavor, reason, build_config, run, which))
+        return Launcher(flavor, path, version, "given with --launcher"
+                        + (f"; it fits: {reason}" if needed is not None else ""))
 
+    if needed is None:
+        found = [f for f in FLAVORS if _find_launcher(f, None, run, which)[0][0] is not None]
+        if len(found) != 1:
+            raise UsageError(
+                "dtrain: cannot tell which MPI to launch with: "
+                + ("no MPICH or Open MPI launcher is installed" if not found else
+                   "both MPICH and Open MPI are installed") + "; pass --mpi mpich|openmpi")
+        needed, reason = found[0], "the only MPI installed"
+    preferred = build_config.get("mpiexec") if build_config and built == needed else None
+    (path, version), others = _find_launcher(needed, preferred, run, which)
+    if path is None:
+        seen = "; ".join(f"{p} is {_MPI_NAMES[f]}'s ({v})" if f else
+                         f"{p} is no MPI launcher ({v})" for p, f, v in others)
+        raise UsageError(
+            f"dtrain: the job needs {_MPI_NAMES[needed]}'s launcher ({reason}), but "
+            + (f"the launchers found are not: {seen}" if others else
+               f"none of {', '.join(_CANDIDATES[needed])} is on PATH")
+            + f". Install {_MPI_NAMES[needed]}'s launcher, or name it with --launcher PATH"
+            + _if_program_uses_other(needed, reason))
+    return Launcher(needed, path, version, reason)
+
+
+_SINGLETONS = "a launcher of another MPI starts each rank as a separate one-rank job"
+
+
+def _if_program_uses_other(needed: str, reason: str) -> str:
+    """When the MPI was only assumed (from --mpi or the build), the way to say otherwise."""
+    if reason.startswith("the program links"):
+        return ""
+    other = next(f for f in FLAVORS if f != needed)
+    return (f"; if the program uses {_MPI_NAMES[other]} (ldd cannot tell for a script or a "
+            f"static program), pass --mpi {other}")
+
+
+def _how_to_choose(needed: str, given: str, reason: str,
+                   build_config: Optional[Mapping[str, object]], run: Runner,
+                   which: Callable[[str], Optional[str]]) -> str:
     built = build_config.get("mpi_flavor") if build_config else None
-    if mpi is not None:
-        flavor, reason = mpi, "given with --mpi"
-    else:
-        linked, evidence = flavor_of_program(program, run) if program else (None, "")
-        if linked is not None:
-            flavor, reason = linked, f"the program links {evidence}"
-        elif built in FLAVORS:
-            flavor, reason = str(built), "the MPI dtrain was built with"
-        else:
-            found = [f for f in FLAVORS if _find_launcher(f, None, run, which) is not None]
-            if len(found) != 1:
-                raise UsageError(
-                    "dtrain: cannot tell which MPI to launch with: "
-                    + ("no MPICH or Open MPI launcher is installed" if not found else
-                       "both MPICH and Open MPI are installed") + "; pass --mpi mpich|openmpi")
-            flavor, reason = found[0], "the only MPI installed"
-    preferred = build_config.get("mpiexec") if build_config and built == flavor else None
-    found_launcher = _find_launcher(flavor, preferred, run, which)
-    if found_launcher is None:
-        names = ", ".join(_CANDIDATES[flavor])
-        raise UsageError(f"dtrain: the job needs {_FLAVOR_NAMES[flavor]} ({reason}) but none of "
-                         f"{names} on PATH is that MPI's launcher; install it or pass --launcher")
-    path, version = found_launcher
-    return Launcher(flavor, path, version, reason)
+    preferred = build_config.get("mpiexec") if build_config and built == needed else None
+    path, _ = _find_launcher(needed, preferred, run, which)[0]
+    advice = (f"Leave --launcher out to use {path}, or pass that MPI's launcher" if path else
+              f"Pass {_MPI_NAMES[needed]}'s launcher")
+    if reason.startswith("the program links"):
+        return advice + " with --launcher"
+    return (advice + f" with --launcher; if the program uses {_MPI_NAMES[given]} (ldd cannot "
+            f"tell for a script or a static program), say so with --mpi {given}")
 
 
 def _find_launcher(flavor: str, preferred: Optional[object], run: Runner,
-                   which: Callable[[str], Optional[str]]) -> Optional[Tuple[str, str]]:
+                   which: Callable[[str], Optional[str]]
+                   ) -> Tuple[Tuple[Optional[str], str], List[Tuple[str, Optional[str], str]]]:
+    """((path, version) of the first launcher of `flavor`, or (None, "")), and the launchers
+    looked at before it that were not: (path, their flavour or None, version)."""
     candidates: List[str] = []
     if isinstance(preferred, str) and preferred:
         candidates.append(preferred)
     for name in _CANDIDATES[flavor]:
         path = which(name)
-        if path is not None:
+        if path is not None and path not in candidates:
             candidates.append(path)
+    others: List[Tuple[str, Optional[str], str]] = []
     for path in candidates:
         if not os.access(path, os.X_OK):
             continue
         got, version = flavor_of_launcher(path, run)
         if got == flavor:
-            return path, version
-    return None
+            return (path, version), others
+        others.append((path, got, version))
+    return (None, ""), others
 
 
 def launch_environment(base: Mapping[str, str], assignments: Sequence[Tuple[str, Optional[str]]],

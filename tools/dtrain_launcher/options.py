@@ -1,218 +1,276 @@
-"""The command line: parsed by hand so that every mistake gets its own 'dtrain:' message and the
-program's own arguments pass through untouched."""
+"""The command line, on argparse. Each option is declared once, in _declare(): its spellings,
+its value and how that is checked, its default and its help; the parser, the help text and the
+Options it fills all come from there.
+
+Note [argparse for a launcher]
+A launcher's command line ends in another program's, which argparse keeps apart with a single
+REMAINDER positional: from the first word that is not one of dtrainrun's options (or after `--`),
+everything is the program's, options included. argparse's own reactions are replaced where they
+would fall short of a 'dtrain:' message: error() raises UsageError instead of printing usage and
+exiting; a valued option takes its value as nargs='?' with a marker for "none given", so that a
+missing value is named with the spelling the user typed; values are converted in the action, which
+also knows that spelling; abbreviations (--verb for --verbose) are off. What argparse adds over
+the parser it replaced: `-np=4` like `--num-proc=4`, a value joined to a one-letter option (`-n4`,
+`-xNAME=V`), flags grouped with it (`-vn 4` is `-v -n 4`). A value that starts with '-' must be
+joined with '=' (`--launcher-agent=-x`), as argparse would read it as an option.
+"""
 from __future__ import annotations
 
+import argparse
 import re
-from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+import textwrap
+from typing import Callable, List, Optional, Tuple
 
 from .errors import (EXIT_LEADER_LOST, EXIT_NOT_STARTED, EXIT_RESTARTS_EXHAUSTED, EXIT_USAGE,
-                     UsageError)
-from .hosts import Host, parse_host_list
+                     UsageError, shown)
+from .hosts import parse_host_list
+from .limits import MAX_RANKS, MAX_RANKS_WHY, MAX_RESTARTS, parse_count, whole_number
 
 DEFAULT_CLUSTER_PORT = 29517
 DEFAULT_CLUSTER_TIMEOUT_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
 
 USAGE = "usage: dtrainrun [options] [--] program [args...]"
+SEE_HELP = "see dtrainrun --help"
 
-HELP = f"""{USAGE}
-
+_DESCRIPTION = """\
 Starts `program` as the ranks of one dtrain job through the MPI launcher the program was built
-with (MPICH's mpiexec.hydra or Open MPI's mpirun).
+with (MPICH's mpiexec.hydra or Open MPI's mpirun)."""
 
-Where the ranks run:
-  -np N, -n N, --num-proc N
-                         number of ranks (default: every slot of the hosts; needed without hosts)
-  -H, --hosts LIST       hosts and slots: host:slots,host:slots,... (a bare host has 1 slot)
-  --hostfile FILE        one host per line: `host slots=N`, `host:N` or `host`
-                         (without -H or --hostfile: this machine, or the SLURM allocation that
-                         dtrainrun runs in)
-  --launcher-agent CMD   start processes on other hosts with `CMD host command...` instead of ssh
-
-Environment:
-  -x NAME[=VALUE]        give every rank NAME (with VALUE, or its value here); repeatable.
-                         DTRAIN_* and HOROVOD_* variables are always passed on.
-
-Output and exit status:
-  --no-prefix            print the ranks' lines as they are, without `[rank]<stdout>:`
-  --verbose, -v          say which MPI launcher is used and why, and the command it runs
-  dtrainrun exits with the exit code of the first rank that failed (128 + N for a rank killed by
-  signal N), {EXIT_USAGE} for bad arguments, {EXIT_NOT_STARTED} when the job could not be started, \
-{EXIT_RESTARTS_EXHAUSTED} when
-  --restarts were used up, {EXIT_LEADER_LOST} when a --cluster follower lost its leader.
-
-Failures:
-  --restarts K           relaunch a failed job (a rank exited non-zero or died) up to K times;
-                         the program resumes from its own checkpoints (DTRAINRUN_RESTART_COUNT
-                         tells it which attempt it is)
-  --start-timeout S      give up when some rank has not started after S seconds (default
-                         {DEFAULT_START_TIMEOUT_S:g})
-
-Managed clusters (every host runs the same `dtrainrun --cluster -- program`):
-  --cluster              hosts from DTRAIN_HOSTS + DTRAIN_CURRENT_HOST, or SM_HOSTS (JSON) +
-                         SM_CURRENT_HOST; the first host in sorted order starts the job, the
-                         others wait for it and exit with its status
-  --slots N              ranks per host (default: SM_NUM_GPUS, else the host's cores)
-  --cluster-port P       TCP port of the leader's status channel (default {DEFAULT_CLUSTER_PORT})
-  --cluster-timeout S    how long the hosts wait for each other (default
-                         {DEFAULT_CLUSTER_TIMEOUT_S:g})
-
-MPI:
-  --mpi mpich|openmpi    which MPI to launch with (default: the one the program links, else the
-                         one dtrain was built with)
-  --launcher PATH        the MPI launcher program itself (mpiexec.hydra, mpirun, ...)
-
-Other:
-  --check-build          print what dtrain was built with and which launcher would run
-  --dry-run              print the launcher command and exit
-  --version              print dtrainrun's version
-  -h, --help             this text
+_EPILOG = textwrap.fill(
+    f"dtrainrun exits with the exit code of the first rank that failed (128 + N for a rank "
+    f"killed by signal N), {EXIT_USAGE} for bad arguments, {EXIT_NOT_STARTED} when the job could "
+    f"not be started, {EXIT_RESTARTS_EXHAUSTED} when --restarts were used up, "
+    f"{EXIT_LEADER_LOST} when a --cluster follower lost its leader.", 100) + """
 
 docs/running.md in dtrain's sources has examples for one host, many hosts, SLURM and managed
-clusters.
-"""
-
-
-@dataclass
-class Options:
-    np: Optional[int] = None
-    hosts: Optional[List[Host]] = None
-    hostfile: Optional[str] = None
-    env: List[Tuple[str, Optional[str]]] = field(default_factory=list)  # -x NAME[=VALUE]
-    prefix: bool = True
-    verbose: bool = False
-    restarts: int = 0
-    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
-    cluster: bool = False
-    slots: Optional[int] = None
-    cluster_port: int = DEFAULT_CLUSTER_PORT
-    cluster_timeout_s: float = DEFAULT_CLUSTER_TIMEOUT_S
-    mpi: Optional[str] = None
-    launcher: Optional[str] = None
-    launcher_agent: Optional[str] = None
-    check_build: bool = False
-    dry_run: bool = False
-    help: bool = False
-    version: bool = False
-    program: List[str] = field(default_factory=list)
-    given: List[str] = field(default_factory=list)  # option names as typed, for messages
-
+clusters."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-# Options that take a value, by every spelling, mapped to their canonical name.
-_VALUED = {
-    "-np": "-np", "-n": "-np", "--num-proc": "-np",
-    "-H": "-H", "--hosts": "-H",
-    "--hostfile": "--hostfile",
-    "-x": "-x",
-    "--restarts": "--restarts",
-    "--start-timeout": "--start-timeout",
-    "--slots": "--slots",
-    "--cluster-port": "--cluster-port",
-    "--cluster-timeout": "--cluster-timeout",
-    "--mpi": "--mpi",
-    "--launcher": "--launcher",
-    "--launcher-agent": "--launcher-agent",
-}
-_FLAGS = {
-    "--no-prefix": "prefix", "--verbose": "verbose", "-v": "verbose", "--cluster": "cluster",
-    "--check-build": "check_build", "--dry-run": "dry_run", "-h": "help", "--help": "help",
-    "--version": "version",
-}
+_NO_VALUE = object()  # the const of a valued option: it was given without a value
 
 
-def _whole_number(option: str, text: str, minimum: int) -> int:
-    if not re.fullmatch(r"[0-9]+", text):
-        raise UsageError(f"dtrain: {option} expects a whole number, got '{text}'")
-    value = int(text)
-    if value < minimum:
-        raise UsageError(f"dtrain: {option} {value}: must be at least {minimum}")
-    return value
+class Options(argparse.Namespace):
+    """The parsed command line: an attribute per option (its dest in _declare()), `program` (the
+    program and its arguments) and `given` (the options given, by their first spelling)."""
+
+
+# Value checks: (the option as typed, its text) -> the value, or UsageError.
+
+def _ranks(option: str, text: str) -> int:
+    return whole_number(option, text, 1, MAX_RANKS, MAX_RANKS_WHY)
+
+
+def _restarts(option: str, text: str) -> int:
+    return whole_number(option, text, 0, MAX_RESTARTS)
+
+
+def _port(option: str, text: str) -> int:
+    if (parse_count(text, 65535) or 0) > 65535:
+        raise UsageError(f"dtrain: {option} {shown(text, quote='')}: ports go up to 65535")
+    return whole_number(option, text, 1, 65535)
 
 
 def _seconds(option: str, text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise UsageError(f"dtrain: {option} expects seconds, got '{text}'") from None
+        raise UsageError(f"dtrain: {option} expects seconds, got {shown(text)}") from None
     if not value > 0:
-        raise UsageError(f"dtrain: {option} {text}: must be more than 0 seconds")
+        raise UsageError(f"dtrain: {option} {shown(text, quote='')}: must be more than 0 seconds")
     return value
 
 
-def _env_assignment(text: str) -> Tuple[str, Optional[str]]:
+def _env_assignment(option: str, text: str) -> Tuple[str, Optional[str]]:
     name, sep, value = text.partition("=")
     if not _ENV_NAME.match(name):
-        raise UsageError(f"dtrain: -x '{text}': '{name}' is not an environment variable name "
-                         f"(letters, digits and '_', not starting with a digit)")
+        raise UsageError(f"dtrain: {option} {shown(text)}: {shown(name)} is not an environment "
+                         f"variable name (letters, digits and '_', not starting with a digit)")
     return name, (value if sep else None)
+
+
+def _mpi(option: str, text: str) -> str:
+    if text not in ("mpich", "openmpi"):
+        raise UsageError(f"dtrain: {option} {shown(text)}: expected mpich or openmpi")
+    return text
+
+
+def _host_list(option: str, text: str):
+    return parse_host_list(text, option)
+
+
+def _text(option: str, text: str) -> str:
+    return text
+
+
+class _Value(argparse.Action):
+    """An option with a value, checked by `check`. `repeat`: every value is kept, in order;
+    `once`: a second one is refused with that message."""
+
+    def __init__(self, option_strings, dest, check: Callable[[str, str], object] = _text,
+                 repeat: bool = False, once: Optional[str] = None, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", const=_NO_VALUE, **kwargs)
+        self.check, self.repeat, self.once = check, repeat, once
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        typed = option_string or self.option_strings[0]
+        if value is _NO_VALUE:
+            raise UsageError(f"dtrain: {typed} needs a value; {SEE_HELP}")
+        if self.once and self.option_strings[0] in namespace.given:
+            raise UsageError(f"dtrain: {self.once}")
+        value = self.check(typed, value)
+        if self.repeat:
+            value = getattr(namespace, self.dest) + [value]
+        setattr(namespace, self.dest, value)
+        namespace.given.append(self.option_strings[0])
+
+
+class _Flag(argparse.Action):
+    """An option without a value: sets its dest to `value`."""
+
+    def __init__(self, option_strings, dest, value: bool = True, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=not value, **kwargs)
+        self.value = value
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.value)
+        namespace.given.append(self.option_strings[0])
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # argparse's own findings (a flag given a value, ...): ours are UsageErrors already.
+        raise UsageError(f"dtrain: {message}; {SEE_HELP}")
+
+    def format_help(self) -> str:
+        return help_text()
+
+
+_GROUPS: List[Tuple[str, List[argparse.Action]]] = []  # the help's sections, in order
+
+
+def _declare() -> _Parser:
+    parser = _Parser(prog="dtrainrun", add_help=False, allow_abbrev=False)
+
+    def group(title: str):
+        actions: List[argparse.Action] = []
+        _GROUPS.append((title, actions))
+
+        def option(*spellings, **kwargs):
+            actions.append(parser.add_argument(*spellings, **kwargs))
+        return option
+
+    option = group("Where the ranks run")
+    option("-np", "-n", "--num-proc", dest="np", action=_Value, check=_ranks, metavar="N",
+           help="number of ranks (default: every slot of the hosts; needed without hosts)")
+    option("-H", "--hosts", dest="hosts", action=_Value, check=_host_list, metavar="LIST",
+           once="-H given twice; list every host in one -H host:slots,...",
+           help="hosts and slots: host:slots,host:slots,... (a bare host has 1 slot)")
+    option("--hostfile", dest="hostfile", action=_Value, metavar="FILE",
+           help="one host per line: `host slots=N`, `host:N` or `host` (without -H or "
+                "--hostfile: this machine, or the SLURM allocation that dtrainrun runs in)")
+    option("--launcher-agent", dest="launcher_agent", action=_Value, metavar="CMD",
+           help="start processes on other hosts with `CMD host command...` instead of ssh")
+
+    option = group("Environment")
+    option("-x", dest="env", action=_Value, check=_env_assignment, repeat=True, default=[],
+           metavar="NAME[=VALUE]",
+           help="give every rank NAME (with VALUE, or its value here); repeatable. DTRAIN_* and "
+                "HOROVOD_* variables are always passed on.")
+
+    option = group("Output")
+    option("--no-prefix", dest="prefix", action=_Flag, value=False,
+           help="print the ranks' lines as they are, without `[rank]<stdout>:`")
+    option("--verbose", "-v", dest="verbose", action=_Flag,
+           help="say which MPI launcher is used and why, and the command it runs")
+
+    option = group("Failures")
+    option("--restarts", dest="restarts", action=_Value, check=_restarts, default=0,
+           metavar="K",
+           help="relaunch a failed job (a rank exited non-zero or died) up to K times; the "
+                "program resumes from its own checkpoints (DTRAINRUN_RESTART_COUNT tells it "
+                "which attempt it is)")
+    option("--start-timeout", dest="start_timeout_s", action=_Value, check=_seconds,
+           default=DEFAULT_START_TIMEOUT_S, metavar="S",
+           help=f"give up when some rank has not started after S seconds (default "
+                f"{DEFAULT_START_TIMEOUT_S:g})")
+
+    option = group("Managed clusters (every host runs the same `dtrainrun --cluster -- program`)")
+    option("--cluster", dest="cluster", action=_Flag,
+           help="hosts from DTRAIN_HOSTS + DTRAIN_CURRENT_HOST, or SM_HOSTS (JSON) + "
+                "SM_CURRENT_HOST; the first host in sorted order starts the job, the others wait "
+                "for it and exit with its status")
+    option("--slots", dest="slots", action=_Value, check=_ranks, metavar="N",
+           help="ranks per host (default: SM_NUM_GPUS, else the host's cores)")
+    option("--cluster-port", dest="cluster_port", action=_Value, check=_port,
+           default=DEFAULT_CLUSTER_PORT, metavar="P",
+           help=f"TCP port of the leader's status channel (default {DEFAULT_CLUSTER_PORT})")
+    option("--cluster-timeout", dest="cluster_timeout_s", action=_Value, check=_seconds,
+           default=DEFAULT_CLUSTER_TIMEOUT_S, metavar="S",
+           help=f"how long the hosts wait for each other (default "
+                f"{DEFAULT_CLUSTER_TIMEOUT_S:g})")
+
+    option = group("MPI")
+    option("--mpi", dest="mpi", action=_Value, check=_mpi, metavar="mpich|openmpi",
+           help="the MPI the program uses, when ldd cannot tell (a script, a static program; "
+                "default: the one dtrain was built with); its launcher starts the job")
+    option("--launcher", dest="launcher", action=_Value, metavar="PATH",
+           help="the MPI launcher program itself (mpiexec.hydra, mpirun, ...); one of another "
+                "MPI than the program's is refused")
+
+    option = group("Other")
+    option("--check-build", dest="check_build", action=_Flag,
+           help="print what dtrain was built with, the program's MPI and the launcher that would "
+                "start it; exit with 2 where a job would be refused")
+    option("--dry-run", dest="dry_run", action=_Flag, help="print the launcher command and exit")
+    option("--version", dest="version", action=_Flag, help="print dtrainrun's version")
+    option("-h", "--help", dest="help", action=_Flag, help="this text")
+
+    parser.add_argument("program", nargs=argparse.REMAINDER, default=[])
+    return parser
+
+
+_PARSER = _declare()
+
+
+def spellings() -> List[str]:
+    """Every spelling of every option."""
+    return [s for _, actions in _GROUPS for action in actions for s in action.option_strings]
+
+
+def help_text(width: int = 100, column: int = 25) -> str:
+    """--help, laid out from the declarations."""
+    lines = [USAGE, "", _DESCRIPTION, ""]
+    for title, actions in _GROUPS:
+        lines.append(f"{title}:")
+        for action in actions:
+            invocation = "  " + ", ".join(action.option_strings)
+            if action.metavar:
+                invocation += f" {action.metavar}"
+            body = textwrap.wrap(action.help, width - column)
+            if len(invocation) <= column - 2:
+                lines.append(invocation.ljust(column) + body[0])
+                body = body[1:]
+            else:
+                lines.append(invocation)
+            lines.extend(" " * column + text for text in body)
+        lines.append("")
+    return "\n".join(lines) + "\n" + _EPILOG + "\n"
 
 
 def parse(argv: List[str]) -> Options:
     """Parses dtrainrun's arguments (without the program name). Raises UsageError."""
-    o = Options()
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token == "--":
-            o.program = argv[i + 1:]
-            break
-        if not token.startswith("-") or token == "-":
-            o.program = argv[i:]
-            break
-        name, has_inline, inline = token.partition("=")
-        if name.startswith("--") and has_inline and name in _VALUED:
-            value = inline
-        elif token in _VALUED:
-            name = token
-            if i + 1 >= len(argv):
-                raise UsageError(f"dtrain: {token} needs a value; see dtrainrun --help")
-            i += 1
-            value = argv[i]
-        elif token in _FLAGS:
-            attr = _FLAGS[token]
-            setattr(o, attr, attr != "prefix")
-            o.given.append(token)
-            i += 1
-            continue
-        else:
-            raise UsageError(f"dtrain: unknown option '{token}'; see dtrainrun --help (the "
-                             f"program and its own options come after '--')")
-        canonical = _VALUED[name]
-        o.given.append(canonical)
-        if canonical == "-np":
-            o.np = _whole_number(name, value, 1)
-        elif canonical == "-H":
-            if o.hosts is not None:
-                raise UsageError("dtrain: -H given twice; list every host in one -H host:slots,...")
-            o.hosts = parse_host_list(value, name)
-        elif canonical == "--hostfile":
-            o.hostfile = value
-        elif canonical == "-x":
-            o.env.append(_env_assignment(value))
-        elif canonical == "--restarts":
-            o.restarts = _whole_number(name, value, 0)
-        elif canonical == "--start-timeout":
-            o.start_timeout_s = _seconds(name, value)
-        elif canonical == "--slots":
-            o.slots = _whole_number(name, value, 1)
-        elif canonical == "--cluster-port":
-            o.cluster_port = _whole_number(name, value, 1)
-            if o.cluster_port > 65535:
-                raise UsageError(f"dtrain: --cluster-port {value}: ports go up to 65535")
-        elif canonical == "--cluster-timeout":
-            o.cluster_timeout_s = _seconds(name, value)
-        elif canonical == "--mpi":
-            if value not in ("mpich", "openmpi"):
-                raise UsageError(f"dtrain: --mpi '{value}': expected mpich or openmpi")
-            o.mpi = value
-        elif canonical == "--launcher":
-            o.launcher = value
-        elif canonical == "--launcher-agent":
-            o.launcher_agent = value
-        i += 1
+    o, unknown = _PARSER.parse_known_args(argv, Options(given=[]))
+    # REMAINDER keeps the `--` that ends dtrainrun's options (Note [argparse for a launcher]).
+    after_dashes = o.program[:1] == ["--"]
+    if after_dashes:
+        o.program = o.program[1:]
+    first = o.program[0] if o.program else ""
+    if not unknown and not after_dashes and first.startswith("-") and first != "-":
+        unknown = [first]  # argparse leaves '-5' and words with spaces to the program
+    if unknown:
+        raise UsageError(f"dtrain: unknown option {shown(unknown[0])}; {SEE_HELP} (the program "
+                         f"and its own options come after '--')")
     _check_combinations(o)
     return o
 

@@ -15,6 +15,7 @@ the failing rank's code.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -24,8 +25,6 @@ from typing import Dict, List, Optional
 
 from . import records
 
-# A line longer than this is passed on in pieces rather than held in memory without bound.
-_MAX_LINE_BYTES = 1 << 16
 _FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 _write_locks = {1: threading.Lock(), 2: threading.Lock()}
@@ -35,7 +34,7 @@ def rank_from_env(env) -> str:
     """This process's rank as the MPI launcher (or srun) announced it; '?' when none did."""
     for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         value = env.get(name)
-        if value is not None and value.isdigit():
+        if value is not None and re.fullmatch(r"[0-9]{1,9}", value):
             return value
     return "?"
 
@@ -54,22 +53,16 @@ def _write(fd: int, data: bytes) -> None:
 def _relay(source: int, fd: int, rank: str, stream: str) -> None:
     """Copies the program's stream `source` to our `fd` as tagged pieces, one write each, so that
     the launcher never receives part of a piece (Note [Line pieces] in records.py)."""
-    pending = bytearray()
-
-    def emit(final: bool) -> None:
-        for line in records.iter_lines(pending, final=final):
-            for piece in records.pieces(rank, stream, line):
-                _write(fd, piece)
+    splitter = records.Splitter(rank, stream)
     while True:
         try:
             chunk = os.read(source, 1 << 16)
         except OSError:
             chunk = b""
+        for piece in splitter.feed(chunk, final=not chunk):
+            _write(fd, piece)
         if not chunk:
-            emit(final=True)
             return
-        pending += chunk
-        emit(final=len(pending) > _MAX_LINE_BYTES)
 
 
 def _signal_on_parent_death(number: int) -> None:
@@ -99,7 +92,7 @@ def main(argv: List[str]) -> int:
         return 128 + signal.SIGTERM
     rank = rank_from_env(os.environ)
     host = socket.gethostname()
-    identity: Dict[str, object] = {"rank": int(rank) if rank.isdigit() else None, "host": host}
+    identity: Dict[str, object] = {"rank": None if rank == "?" else int(rank), "host": host}
     _write(2, records.encode(token, dict(identity, event="start", pid=os.getpid())))
     try:
         child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -107,7 +100,8 @@ def main(argv: List[str]) -> int:
     except OSError as e:
         error = f"{program[0]}: {e.strerror}"
         _write(2, records.tag(rank, "stderr")
-               + f"dtrain: rank {rank} on {host} cannot start {error}\n".encode())
+               + f"dtrain: rank {rank} on {host} cannot start {error}\n".encode("utf-8",
+                                                                         "surrogateescape"))
         code = 126 if isinstance(e, PermissionError) else 127
         _write(2, records.encode(token, dict(identity, event="exit", code=code, error=error)))
         return code

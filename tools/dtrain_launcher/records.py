@@ -16,20 +16,26 @@ import json
 import re
 import secrets
 import signal
+import tempfile
 from typing import Dict, Iterator, Optional, Tuple
 
 MARK = "\x1edtrainrun:"
 _RECORD = re.compile(rb"\x1edtrainrun:([0-9a-f]+) (\{[^\n]*?\})(?=\n|$)")
-_TAG = re.compile(rb"^\[([0-9]+|\?)\]<(stdout|stderr)>(\+?):")
+_TAG = re.compile(rb"^\[([0-9]{1,9}|\?)\]<(stdout|stderr)>(\+?):")
 
 # Note [Line pieces]
 # The launchers pass a rank's output on in chunks of what they happened to read, and a chunk of
 # one rank can land between two chunks of another. A write of at most PIPE_BUF (4096) bytes into
 # a pipe is never split, so the wrapper writes every line as pieces of at most PIECE_BYTES: a long
 # line becomes `[r]<stdout>+:piece` lines ("more follows") and a final `[r]<stdout>:piece`, which
-# dtrainrun joins again per rank and stream.
+# dtrainrun joins again per rank and stream. The wrapper passes a long line on piece by piece as
+# the program writes it (Splitter), so it holds no more than a read and a piece of it; dtrainrun
+# holds the pieces of an unfinished line until its last piece arrives, in memory up to
+# SPILL_BYTES and in an anonymous temporary file beyond that (Line), and then prints the line
+# whole, with one tag. Lines are never cut, however long; a line that never ends (a program that
+# writes megabytes without a newline) costs dtrainrun temporary file space, not memory.
 PIECE_BYTES = 4000
-
+SPILL_BYTES = 1 << 20
 
 def new_token() -> str:
     return secrets.token_hex(8)
@@ -56,6 +62,88 @@ def pieces(rank: str, stream: str, line: bytes) -> Iterator[bytes]:
     for start in starts:
         last = start + size >= len(body)
         yield (head if last else more) + body[start:start + size] + b"\n"
+
+
+class Splitter:
+    """The wrapper's side of Note [Line pieces]: a program's stream in, tagged pieces out. What
+    it keeps between calls is less than one piece of the line being written."""
+
+    def __init__(self, rank: str, stream: str):
+        self.rank, self.stream = rank, stream
+        self.more = tag(rank, stream, continued=True)
+        self.size = PIECE_BYTES - len(self.more) - 1
+        self.pending = bytearray()
+        self.open = False  # pieces of the current line went out already
+
+    def feed(self, data: bytes, final: bool = False) -> Iterator[bytes]:
+        """Pieces for `data`; with `final` (the stream ended), the last line's as well, ended
+        with a newline if the program left it without one."""
+        self.pending += data
+        for line in iter_lines(self.pending, final=False):
+            yield from pieces(self.rank, self.stream, line)
+            self.open = False
+        while len(self.pending) >= self.size:
+            yield self.more + bytes(self.pending[:self.size]) + b"\n"
+            del self.pending[:self.size]
+            self.open = True
+        if final and (self.pending or self.open):
+            yield from pieces(self.rank, self.stream, bytes(self.pending) + b"\n")
+            self.pending.clear()
+            self.open = False
+
+
+class Line:
+    """dtrainrun's side of Note [Line pieces]: one rank's line joined from its pieces, held in
+    memory up to `spill_bytes` and in an anonymous temporary file beyond that. If no temporary
+    file can be written (no space, no $TMPDIR), the rest stays in memory: the line is never cut."""
+
+    def __init__(self, spill_bytes: int = SPILL_BYTES):
+        self.spill_bytes = spill_bytes
+        self.memory = bytearray()
+        self.file = None     # the temporary file: its first file_bytes come before `memory`
+        self.file_bytes = 0
+
+    def append(self, data: bytes) -> None:
+        self.memory += data
+        if len(self.memory) > self.spill_bytes:
+            self._spill()
+
+    def _spill(self) -> None:
+        view = memoryview(self.memory)
+        try:
+            if self.file is None:
+                self.file = tempfile.TemporaryFile(prefix="dtrainrun-line-", buffering=0)
+            # After a failed write the file may hold part of `memory`; file_bytes ends the part
+            # that counts.
+            self.file.seek(self.file_bytes)
+            while view:
+                view = view[self.file.write(view):]
+        except OSError:
+            return  # kept in memory; the next append tries again
+        finally:
+            view.release()
+        self.file_bytes += len(self.memory)
+        self.memory = bytearray()
+
+    def chunks(self, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+        """The line's bytes in order, in chunks of at most `chunk_bytes`; again from the start
+        on every call."""
+        if self.file is not None:
+            self.file.seek(0)
+            left = self.file_bytes
+            while left > 0:
+                block = self.file.read(min(chunk_bytes, left))
+                if not block:  # the file is this process's own and unnamed: not reached
+                    break
+                left -= len(block)
+                yield block
+        if self.memory:
+            yield bytes(self.memory)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def split_records(line: bytes, token: str) -> Tuple[bytes, list]:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 from typing import List, Mapping, Optional
 
-from .errors import UsageError
+from .errors import UsageError, shown
 from .hosts import Host, check_host_name
+from .limits import MAX_RANKS, MAX_RANKS_WHY, parse_count
+
+# Node numbers in a node list: SLURM's own are 32-bit; this leaves room and keeps int() cheap.
+_MAX_NODE_NUMBER = 10 ** 18
 
 
 def _split_top_level(text: str, where: str) -> List[str]:
@@ -16,38 +20,46 @@ def _split_top_level(text: str, where: str) -> List[str]:
         if c == "[":
             depth += 1
             if depth > 1:
-                raise UsageError(f"dtrain: {where}: nested '[' in '{text}'")
+                raise UsageError(f"dtrain: {where}: nested '[' in {shown(text)}")
         elif c == "]":
             depth -= 1
             if depth < 0:
-                raise UsageError(f"dtrain: {where}: ']' without '[' in '{text}'")
+                raise UsageError(f"dtrain: {where}: ']' without '[' in {shown(text)}")
         elif c == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth != 0:
-        raise UsageError(f"dtrain: {where}: '[' without ']' in '{text}'")
+        raise UsageError(f"dtrain: {where}: '[' without ']' in {shown(text)}")
     parts.append(text[start:])
     return parts
 
 
+def _too_many_nodes(where: str, text: str, count: int) -> UsageError:
+    return UsageError(f"dtrain: {where}: {shown(text)} names {count} or more nodes; at most "
+                      f"{MAX_RANKS} ({MAX_RANKS_WHY}, each on a node)")
+
+
 def _expand_range_list(body: str, item: str, where: str) -> List[str]:
     """'01-03,7' -> ['01', '02', '03', '7']; a range keeps the zero padding of its first bound."""
-    out = []
+    bounds = []
     for piece in body.split(","):
         m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", piece)
         if not m:
-            raise UsageError(f"dtrain: {where}: '[{body}]' in '{item}' is not a list of numbers "
-                             f"and ranges like 01-04")
-        low_text, high_text = m.group(1), m.group(2)
-        if high_text is None:
-            out.append(low_text)
-            continue
-        low, high = int(low_text), int(high_text)
+            raise UsageError(f"dtrain: {where}: {shown('[' + body + ']')} in {shown(item)} is not "
+                             f"a list of numbers and ranges like 01-04")
+        low_text, high_text = m.group(1), m.group(2) or m.group(1)
+        low, high = (parse_count(t, _MAX_NODE_NUMBER) for t in (low_text, high_text))
+        if high > _MAX_NODE_NUMBER:
+            raise UsageError(f"dtrain: {where}: {shown(piece)} in {shown(item)}: node numbers go "
+                             f"up to {_MAX_NODE_NUMBER}")
         if high < low:
-            raise UsageError(f"dtrain: {where}: range '{piece}' in '{item}' runs backwards")
-        width = len(low_text)
-        out.extend(str(n).zfill(width) for n in range(low, high + 1))
-    return out
+            raise UsageError(f"dtrain: {where}: range {shown(piece)} in {shown(item)} runs "
+                             f"backwards")
+        bounds.append((low, high, len(low_text)))
+    count = sum(high - low + 1 for low, high, _ in bounds)
+    if count > MAX_RANKS:
+        raise _too_many_nodes(where, item, count)
+    return [str(n).zfill(width) for low, high, width in bounds for n in range(low, high + 1)]
 
 
 def expand_nodelist(text: str, where: str = "SLURM_JOB_NODELIST") -> List[str]:
@@ -59,13 +71,21 @@ def expand_nodelist(text: str, where: str = "SLURM_JOB_NODELIST") -> List[str]:
     names: List[str] = []
     for item in _split_top_level(text, where):
         if not item:
-            raise UsageError(f"dtrain: {where}: empty entry in '{text}'")
-        expanded = [""]
+            raise UsageError(f"dtrain: {where}: empty entry in {shown(text)}")
+        groups = []
         for m in re.finditer(r"([^\[]*)(?:\[([^\]]*)\])?", item):
             literal, body = m.group(1), m.group(2)
             if literal == "" and body is None:
                 continue
-            options = [""] if body is None else _expand_range_list(body, item, where)
+            groups.append((literal, [""] if body is None else
+                           _expand_range_list(body, item, where)))
+        product = 1
+        for _, options in groups:
+            product *= len(options)
+            if len(names) + product > MAX_RANKS:
+                raise _too_many_nodes(where, text, len(names) + product)
+        expanded = [""]
+        for literal, options in groups:
             expanded = [prefix + literal + o for prefix in expanded for o in options]
         for name in expanded:
             check_host_name(name, where)
@@ -79,10 +99,18 @@ def expand_tasks_per_node(text: str, where: str = "SLURM_TASKS_PER_NODE") -> Lis
     for piece in text.strip().split(","):
         m = re.fullmatch(r"([0-9]+)(?:\(x([0-9]+)\))?", piece.strip())
         if not m:
-            raise UsageError(f"dtrain: {where}='{text}': '{piece}' is not N or N(xR)")
-        count, repeat = int(m.group(1)), int(m.group(2) or 1)
+            raise UsageError(f"dtrain: {where}={shown(text)}: {shown(piece)} is not N or N(xR)")
+        count = parse_count(m.group(1), MAX_RANKS)
+        repeat = parse_count(m.group(2) or "1", MAX_RANKS)
         if count < 1 or repeat < 1:
-            raise UsageError(f"dtrain: {where}='{text}': '{piece}' gives a node no tasks")
+            raise UsageError(f"dtrain: {where}={shown(text)}: {shown(piece)} gives a node no "
+                             f"tasks")
+        if count > MAX_RANKS:
+            raise UsageError(f"dtrain: {where}={shown(text)}: {shown(piece)} gives a node more "
+                             f"than {MAX_RANKS} tasks ({MAX_RANKS_WHY})")
+        if len(counts) + repeat > MAX_RANKS:
+            raise UsageError(f"dtrain: {where}={shown(text)}: more than {MAX_RANKS} task counts "
+                             f"({MAX_RANKS_WHY}, each on a node)")
         counts.extend([count] * repeat)
     return counts
 
@@ -104,16 +132,17 @@ def hosts_from_env(env: Mapping[str, str]) -> Optional[List[Host]]:
         counts = expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
         if len(counts) != len(nodes):
             raise UsageError(
-                f"dtrain: SLURM_TASKS_PER_NODE='{env['SLURM_TASKS_PER_NODE']}' gives {len(counts)} "
-                f"task counts but {nodelist_var}='{nodelist}' has {len(nodes)} nodes")
+                f"dtrain: SLURM_TASKS_PER_NODE={shown(env['SLURM_TASKS_PER_NODE'])} gives "
+                f"{len(counts)} task counts but {nodelist_var}={shown(nodelist)} has {len(nodes)} "
+                f"nodes")
     elif env.get("SLURM_NTASKS_PER_NODE"):
         counts = expand_tasks_per_node(env["SLURM_NTASKS_PER_NODE"], "SLURM_NTASKS_PER_NODE")
         if len(counts) != 1:
-            raise UsageError(f"dtrain: SLURM_NTASKS_PER_NODE='{env['SLURM_NTASKS_PER_NODE']}' "
+            raise UsageError(f"dtrain: SLURM_NTASKS_PER_NODE={shown(env['SLURM_NTASKS_PER_NODE'])} "
                              f"is not one number")
         counts = counts * len(nodes)
     else:
         counts = [1] * len(nodes)
     if len(set(nodes)) != len(nodes):
-        raise UsageError(f"dtrain: {nodelist_var}='{nodelist}' names a node twice")
+        raise UsageError(f"dtrain: {nodelist_var}={shown(nodelist)} names a node twice")
     return [Host(n, c) for n, c in zip(nodes, counts)]
