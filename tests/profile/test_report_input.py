@@ -101,7 +101,8 @@ class Input(InTempDir):
         self.assertTrue(any("rank-2.jsonl: written by a newer dtrain (format version 7" in s
                             for s in run.skipped), run.skipped)
         self.assertIn("rank-1.jsonl: 2 line(s) that are not valid profile records were left out "
-                      "(line 6, 7)", run.skipped)
+                      "(line 6: not JSON (Expecting value); line 7: a step record whose 'step' is "
+                      "\"six\", not a number)", run.skipped)
         self.assertIn("no profile for rank(s) 2 of 3: the report covers the other ranks only",
                       run.skipped)
         self.assertEqual(len(run.ranks[1].steps), 38)
