@@ -294,7 +294,8 @@ def render(a: Analysis, findings: list[Finding]) -> str:
         "line is the machine's CPU use by every program.</p>",
         charts["utilization"],
         "<h2 id=\"ranks\">Ranks</h2>", _rank_table(a),
-        "<h2 id=\"engine\">Engine counters per step</h2>", _engine_table(a),
+        f"<h2 id=\"engine\">Engine counters{' per step' if a.has_engine else ''}</h2>",
+        _engine_table(a),
         "<h2 id=\"input\">Input</h2>",
         "<p>Read: " + esc(", ".join(run.ranks[r].path.name for r in sorted(run.ranks))) + "</p>",
     ]
