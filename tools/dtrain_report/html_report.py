@@ -129,7 +129,7 @@ def _breakdown_table(a: Analysis) -> str:
     names = breakdown_categories(a)
     head = ("<tr><th>rank</th><th>steps</th><th>mean step ms</th>"
             + "".join(f"<th>{esc(n)} %</th>" for n in names)
-            + "<th>communication in flight ms</th><th>hidden %</th></tr>")
+            + "<th>communication ms</th><th>hidden %</th></tr>")
     rows = []
     lower_bound = False
     for r in ranks:
@@ -146,7 +146,7 @@ def _breakdown_table(a: Analysis) -> str:
               "collective_ns": "the engine's execution time (collective_ns), which leaves out "
                                "negotiation: the hidden share is a lower bound"}
     used = sorted({a.ranks[r].breakdown.overlap_source for r in ranks} - {""})
-    note = ("Communication in flight: from " + "; ".join(source[u] for u in used) + "."
+    note = ("Communication time per step: from " + "; ".join(source[u] for u in used) + "."
             if used else "The engine recorded no communication time, so the hidden share is "
             "not known.")
     idle = ("Idle = waiting for input (data) + time no phase covered (unmarked). "
