@@ -40,10 +40,12 @@ def write_run(folder: Path, ranks: int = 4, steps: int = 40, phases=healthy_phas
               gpu=healthy_gpu, system=healthy_system, host=lambda rank: "node0",
               cpu_count: int = 16, jitter: float = 0.03, batch: int = 64, run_id: str = "run-1",
               seed: int = 7, closed: bool = True, engine=healthy_engine, gpu_index=lambda r: r,
-              header=None, sample_engine=None, first_step_t: float = 0.01) -> Path:
+              header=None, sample_engine=None, first_step_t: float = 0.01,
+              other=lambda rank, step: 1.0) -> Path:
     """Writes rank-<r>.jsonl for every rank; `gpu` returning None (or gpu=None) means no GPU.
     `engine(rank, step, phases)` gives a step's engine counters, `sample_engine(rank, t)` a
-    sample's (None: none), `header(rank)` fields added to the header."""
+    sample's (None: none), `header(rank)` fields added to the header, `other(rank, step)` the
+    milliseconds of a step outside its phases."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
@@ -62,10 +64,10 @@ def write_run(folder: Path, ranks: int = 4, steps: int = 40, phases=healthy_phas
         t = first_step_t
         for i in range(steps):
             p = {k: v * (1 + rng.uniform(-jitter, jitter)) for k, v in phases(r, i).items()}
-            other = 1.0
-            duration = sum(p.values()) + other
+            other_ms = other(r, i)
+            duration = sum(p.values()) + other_ms
             lines.append({"type": "step", "step": i, "t": round(t, 6), "duration_ms": duration,
-                          "samples": batch, "phases_ms": p, "other_ms": other,
+                          "samples": batch, "phases_ms": p, "other_ms": other_ms,
                           "engine": engine(r, i, p)})
             t += duration / 1e3
         end = max(t, 2.0)

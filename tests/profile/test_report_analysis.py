@@ -70,6 +70,9 @@ class Breakdown(AnalysisTest):
         self.assertAlmostEqual(b.share(b.exposed_communication_ms), 6 / 7)
         self.assertAlmostEqual(b.share(b.unmarked_ms), 1 / 7)
         self.assertTrue(any("mark only their communication wait" in n for n in notices(a)))
+        a = self.analyze(ranks=2, phases=lambda r, i: {})
+        self.assertTrue(any("mark no phases" in n for n in notices(a)))
+        self.assertEqual(notices(self.analyze(ranks=2)), [])  # a fully marked, clean run
 
 
 def slowed(rank, extra_ms, steps=None):

@@ -171,6 +171,19 @@ class StragglerRank(RuleTest):
         f = self.judge(ranks=1)["straggler_rank"]
         self.assertEqual(f.status, NOT_EVALUATED)
 
+    def test_steps_that_mark_only_their_communication_wait(self):
+        """As DistributedOptimizer::step() and handle waits record them, with no code changes:
+        the rank's own work is the step minus the wait, and the finding says it is not broken
+        into phases."""
+        def phases(rank, step):
+            return {"communication_wait": 2.0 if rank == 1 else 27.0}
+        f = self.judge(phases=phases, other=lambda r, i: 30.0 if r == 1 else 5.0)[
+            "straggler_rank"]  # rank 1 works 25 ms longer, the others wait for it
+        self.assertEqual(f.status, FIRED)
+        self.assertEqual(f.ranks, [1])
+        self.assertIn("rank 1's extra time is in its own work between the exchanges", f.evidence[1])
+        self.assertIn("mark its data, forward and backward phases", f.suggestion)
+
 
 class BatchTooSmall(RuleTest):
     @staticmethod

@@ -342,10 +342,12 @@ def notices(a: Analysis) -> list[str]:
                    "DistributedOptimizer::step() in a program profiled without code changes), so "
                    "step times, phases and stragglers are left out; the system samples and the "
                    "engine counters below still cover the run")
-    elif a.has_phase and a.has_phase <= {"communication_wait"}:
-        out.append("the steps mark only their communication wait: the rest of each step (the "
-                   "rank's own work) is not broken into compute, data and idle time; mark those "
-                   "with profiler.phase(dtrain::Phase::forward) and the like to see them")
+    elif a.has_phase <= {"communication_wait"}:
+        marked = ("mark only their communication wait" if a.has_phase else
+                  "mark no phases, not even their communication wait")
+        out.append(f"the steps {marked}: the rest of each step (the rank's own work) is not "
+                   f"broken into compute, data and idle time; mark those with "
+                   f"profiler.phase(dtrain::Phase::forward) and the like to see them")
     return out
 
 
