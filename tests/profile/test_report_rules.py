@@ -120,6 +120,25 @@ class CommunicationBound(RuleTest):
         self.assertEqual(f.ranks, [0, 1, 2, 3])
         self.assertIn("46 MB reduced", f.evidence[0])  # engine counters as evidence
 
+    def test_the_hidden_share_of_communication_as_evidence(self):
+        def phases(rank, step):
+            p = dict(synthetic.HEALTHY_PHASES)
+            p["communication_wait"] = 70.0
+            return p
+
+        def engine(**ns):
+            return lambda rank, step, p: {"collectives": 2, "bytes_reduced": 4.6e7, **ns}
+        f = self.judge(phases=phases, jitter=0.0, engine=engine(in_flight_ns=100e6))[
+            "communication_bound"]
+        self.assertIn("; 30% of its communication time overlaps the rest of the step",
+                      f.evidence[0])
+        f = self.judge(phases=phases, jitter=0.0, engine=engine(collective_ns=100e6))[
+            "communication_bound"]
+        self.assertIn("; at least 30% of its communication", f.evidence[0])
+        f = self.judge(phases=phases, jitter=0.0, engine=engine(collective_ns=50e6))[
+            "communication_bound"]
+        self.assertNotIn("overlaps", f.evidence[0])  # a lower bound of 0 says nothing
+
     def test_quiet_when_only_the_ranks_waiting_for_a_straggler_wait(self):
         def phases(rank, step):
             p = dict(synthetic.HEALTHY_PHASES)

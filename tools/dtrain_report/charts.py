@@ -193,8 +193,9 @@ def comm_compute(a: Analysis) -> str:
             x += w
         note = (f"{values[0] / total:.0%} {'compute' if a.compute_marked else 'own work'}, "
                 f"{values[1] / total:.0%} exposed")
-        if not math.isnan(b.overlap):
-            note += f", {'>=' if b.overlap_source == 'collective_ns' else ''}{b.overlap:.0%} hidden"
+        lower_bound = b.overlap_source == "collective_ns"
+        if not math.isnan(b.overlap) and not (lower_bound and b.overlap < 0.005):
+            note += f", {'>=' if lower_bound else ''}{b.overlap:.0%} hidden"
         svg.text(left + plot_w + 8, y + row / 2 + 4, note, size=10, fill="#444")
     svg.height = int(bottom + 26)
     return svg.render()

@@ -215,8 +215,10 @@ def communication_bound(a: Analysis) -> Finding:
     for s in judged:
         comm = median(st.phase("communication_wait") for st in s.steps)
         b = s.breakdown
-        hidden = "" if math.isnan(b.overlap) else (
-            f"; {'at least ' if b.overlap_source == 'collective_ns' else ''}"
+        lower_bound = b.overlap_source == "collective_ns"
+        # A lower bound of 0 says nothing: leave it out.
+        hidden = "" if math.isnan(b.overlap) or (lower_bound and b.overlap < 0.005) else (
+            f"; {'at least ' if lower_bound else ''}"
             f"{_pct(b.overlap)} of its communication time overlaps the rest of the step")
         evidence.append(f"rank {s.rank}: a median {_ms(comm)} of a {_ms(s.median_step_ms)} step "
                         f"({_pct(shares[s.rank])}) waiting for communication over steps "
