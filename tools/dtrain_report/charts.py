@@ -289,7 +289,8 @@ def straggler_heatmap(a: Analysis) -> str:
 
 
 def straggler_scores(a: Analysis) -> str:
-    label = "Straggler scores: per interval of steps, the fastest rank's median own work over each rank's"
+    label = ("Straggler scores: per interval of steps, the fastest rank's median own work over "
+             "each rank's")
     if not a.scores:
         why = ("one rank only" if len(a.ranks) < 2 else
                "no communication_wait phase: it separates a rank's own work from waiting"

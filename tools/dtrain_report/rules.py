@@ -652,7 +652,8 @@ def io_bottleneck(a: Analysis) -> Finding:
         if fractions[s.rank] > t["io_bottleneck_fraction"]:
             fired.append(s.rank)
             line = (f"rank {s.rank} (host {s.host}): {_pct(fractions[s.rank])} of its "
-                    f"{len(pairs)} samples wait for I/O (a median {median(io for io, _ in stalled):.0f}% "
+                    f"{len(pairs)} samples wait for I/O (a median "
+                    f"{median(io for io, _ in stalled):.0f}% "
                     f"of the machine's CPU time) while its GPU is under {t['io_gpu_low_pct']:g}% "
                     f"busy (median {median(g for _, g in stalled):.0f}%)")
             if "disk_read_bytes_per_s" in s.cpu:
