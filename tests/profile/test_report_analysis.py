@@ -53,6 +53,14 @@ class Breakdown(AnalysisTest):
         self.assertAlmostEqual(b.in_flight_ms, 38 * 20.0)
         self.assertAlmostEqual(b.overlap, (20 - 6) / 20)
 
+    def test_steps_without_collectives_leave_the_counter_out(self):
+        def engine(rank, step, phases):  # every other step ran no collective: no counters
+            return {"in_flight_ns": 20e6, "collective_ns": 5e6} if step % 2 else {}
+        b = self.analyze(ranks=2, engine=engine).ranks[0].breakdown
+        self.assertEqual(b.overlap_source, "in_flight_ns")
+        # 19 steps with 20 ms in flight, 19 whose 6 ms wait is all there is
+        self.assertAlmostEqual(b.overlap, 19 * 14 / (19 * 20 + 19 * 6))
+
     def test_without_it_the_execution_time_gives_a_lower_bound(self):
         b = self.analyze(ranks=2, engine=engine_with(collective_ns=10e6)).ranks[0].breakdown
         self.assertEqual(b.overlap_source, "collective_ns")

@@ -115,8 +115,9 @@ class StepBreakdown:
 
 def breakdown_of(steps: list[Step], compute_marked: bool) -> StepBreakdown:
     b = StepBreakdown(steps=len(steps), compute_marked=compute_marked)
-    with_in_flight = steps and all(st.engine and IN_FLIGHT_COUNTER in st.engine for st in steps)
-    with_execution = steps and any(st.engine and EXECUTION_COUNTER in st.engine for st in steps)
+    # The writer leaves out counters that did not move: a step without one ran no collective.
+    with_in_flight = any(st.engine and IN_FLIGHT_COUNTER in st.engine for st in steps)
+    with_execution = any(st.engine and EXECUTION_COUNTER in st.engine for st in steps)
     b.overlap_source = IN_FLIGHT_COUNTER if with_in_flight else \
         EXECUTION_COUNTER if with_execution else ""
     for st in steps:
