@@ -17,7 +17,8 @@ from png import color_counts, read_png  # noqa: E402
 SKIP = 77
 WIDTH, HEIGHT = 1000, 4200
 CHARTS = ("chart-step-breakdown", "chart-step-timeline", "chart-comm-compute",
-          "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-utilization")
+          "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-straggler-scores",
+          "chart-utilization")
 # Colors only the charts draw, as solid fills: (what, RGB).
 SIGNATURES = (
     ("communication wait bars", (0xe4, 0x57, 0x56)),

@@ -1,7 +1,8 @@
 """End to end: the plain example trainer profiled on 2 ranks (DTRAIN_PROFILE), then dtrain-report
 on its files. Checks the profile against what the trainer did (steps, phases, bytes reduced per
 step in closed form) and that the report holds every chart and every rule. Leaves the report at
-WORK/report.html for the screenshot check.
+WORK/report.html for the screenshot check. Then the same trainer killed mid-run (rank 1 kills
+itself with SIGKILL): the report on what its ranks left says that the job did not end cleanly.
 
 usage: run_profiled_example.py --mpiexec M --mpiexec-args "-n;2" --trainer T --report-tool R
                                --work DIR
@@ -20,9 +21,13 @@ from pathlib import Path
 EPOCHS, SAMPLES, HIDDEN, RANKS = 4, 6000, 512, 2
 PHASES = {"data", "forward", "backward", "communication_wait", "optimizer"}
 CHARTS = ("chart-step-breakdown", "chart-step-timeline", "chart-comm-compute",
-          "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-utilization")
+          "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-straggler-scores",
+          "chart-utilization")
 RULES = ("Low GPU utilization", "Data-loader bound", "Communication bound", "Straggler rank",
-         "Batch too small for the device", "CPU oversubscribed")
+         "Batch too small for the device", "CPU oversubscribed", "Step outliers",
+         "Initialization time", "GPU memory increase", "I/O bottleneck", "GPU load balancing",
+         "Overall system usage")
+KILLED_AFTER_STEP = 40
 
 failures = []
 
@@ -89,6 +94,27 @@ def main() -> int:
         check(f'id="{chart}"' in html, f"the report lacks {chart}")
     for rule in RULES:
         check(f"<h3>{rule}</h3>" in html, f"the report lacks the rule '{rule}'")
+    # The same job killed: rank 1 raises SIGKILL after a step, the launcher ends rank 0.
+    killed = a.work / "killed"
+    env["DTRAIN_PROFILE"] = str(killed)
+    crashed = subprocess.run(command + ["--crash-rank", "1", "--crash-after-step",
+                                        str(KILLED_AFTER_STEP)],
+                             env=env, capture_output=True, text=True, timeout=300)
+    check(crashed.returncode != 0, "the trainer told to kill a rank exited with 0")
+    reported = subprocess.run([sys.executable, a.report_tool, str(killed), "-o",
+                               str(a.work / "killed.html")], capture_output=True, text=True,
+                              timeout=300)
+    print(reported.stdout + reported.stderr)
+    text = " ".join(reported.stdout.split())
+    check(reported.returncode == 0, f"dtrain-report on the killed job exited with "
+          f"{reported.returncode}")
+    check("note: the job did not end cleanly" in text and "rank 1 at step" in text,
+          "the report on the killed job does not say that rank 1 did not end cleanly")
+    steps = [json.loads(line)["step"] for line in (killed / "rank-1.jsonl").read_text()
+             .splitlines() if '"type":"step"' in line.replace(" ", "")]
+    check(bool(steps) and max(steps) <= KILLED_AFTER_STEP,
+          f"the killed rank recorded steps up to {max(steps, default=None)}, past the step it "
+          f"was killed after ({KILLED_AFTER_STEP})")
     if failures:
         print(f"{len(failures)} check(s) failed", file=sys.stderr)
         return 1

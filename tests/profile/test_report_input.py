@@ -3,6 +3,7 @@ never a traceback; and the command line's outputs and exit codes."""
 
 import io
 import json
+import random
 import sys
 import tempfile
 import unittest
@@ -101,7 +102,8 @@ class Input(InTempDir):
         self.assertTrue(any("rank-2.jsonl: written by a newer dtrain (format version 7" in s
                             for s in run.skipped), run.skipped)
         self.assertIn("rank-1.jsonl: 2 line(s) that are not valid profile records were left out "
-                      "(line 6, 7)", run.skipped)
+                      "(line 6: not JSON (Expecting value); line 7: a step record whose 'step' is "
+                      "\"six\", not a number)", run.skipped)
         self.assertIn("no profile for rank(s) 2 of 3: the report covers the other ranks only",
                       run.skipped)
         self.assertEqual(len(run.ranks[1].steps), 38)
@@ -117,6 +119,122 @@ class Input(InTempDir):
         self.assertEqual(run.run_id, "new")
         self.assertEqual(sorted(run.ranks), [0, 1])
         self.assertEqual(sum("from another run (run id old)" in s for s in run.skipped), 3)
+
+    def test_non_finite_numbers_and_junk_header_fields_are_left_out(self):
+        folder = self.run_folder(ranks=2)
+        f = folder / "rank-0.jsonl"
+        lines = f.read_text().splitlines()
+        header = json.loads(lines[0])
+        header.update(start_unix_ms="yesterday", cpu_count=[16], host=7,
+                      gpu={"available": True, "index": "zero", "memory_total_bytes": "lots"})
+        lines[0] = json.dumps(header)
+        lines[3] = lines[3].replace('"duration_ms": ', '"duration_ms": -')
+        sample = next(i for i, x in enumerate(lines) if '"type": "sample"' in x)
+        lines[sample] = lines[sample].replace('"system_cpu_pct": 45.0', '"system_cpu_pct": NaN')
+        lines.insert(5, '{"type": "step", "step": 99, "t": Infinity, "duration_ms": 1}')
+        f.write_text("\n".join(lines) + "\n")
+        run = load_run([folder])
+        notes = "\n".join(run.skipped)
+        for field in ("start_unix_ms", "cpu_count", "gpu.index", "gpu.memory_total_bytes"):
+            self.assertIn(f"header field {field} is not valid and was ignored", notes)
+        self.assertIn("line 4: a step record with a negative duration_ms", notes)
+        self.assertIn("line 6: a step record whose 't' is Infinity, not a number", notes)
+        self.assertNotIn("system_cpu_pct", run.ranks[0].samples[0])
+        self.assertEqual(run.ranks[0].host, "7")
+        code, out, err = run_cli(folder, "-o", self.tmp / "r.html")
+        self.assertEqual(code, 0, err)
+
+    def test_a_header_claiming_a_huge_run_is_summarized(self):
+        folder = self.run_folder(ranks=1)
+        f = folder / "rank-0.jsonl"
+        f.write_text(f.read_text().replace('"size": 1,', '"size": 1000000000,', 1))
+        run = load_run([folder])
+        self.assertIn("no profile for rank(s) 999999999 ranks of 1000000000: the report covers "
+                      "the other ranks only", run.skipped)
+        folder2 = self.run_folder(ranks=1)
+        (folder2 / "rank-0.jsonl").write_text((folder2 / "rank-0.jsonl").read_text().replace(
+            '"size": 1,', '"size": 40,', 1))
+        self.assertIn("no profile for rank(s) 1-39 of 40: the report covers the other ranks "
+                      "only", load_run([folder2]).skipped)
+
+    def test_damaged_files_never_raise(self):
+        """Every kind of damage a disk, a kill or a stray tool could do, at random: the report is
+        written (exit 0) or refused with a message (exit 1), never a traceback."""
+        rng = random.Random(3)
+        folder = self.run_folder(ranks=2, steps=12)
+        originals = {f: f.read_bytes() for f in folder.glob("*.jsonl")}
+        junk = [b"null", b"[]", b"{}", b'"x"', b"1e999", b"-1", b"true", b'{"t": {}}']
+        for trial in range(80):
+            for f, data in originals.items():
+                data = bytearray(data)
+                kind = trial % 4
+                if kind == 0:  # bytes flipped
+                    for _ in range(rng.randint(1, 40)):
+                        data[rng.randrange(len(data))] = rng.randrange(256)
+                elif kind == 1:  # cut anywhere
+                    data = data[:rng.randrange(len(data))]
+                elif kind == 2:  # lines swapped and values replaced by other JSON
+                    lines = data.split(b"\n")
+                    rng.shuffle(lines)
+                    data = b"\n".join(line.replace(b"0", rng.choice(junk), 1) for line in lines)
+                else:  # a record type's fields given the wrong types
+                    text = data.decode()
+                    for key in ("phases_ms", "gpu", "engine", "samples", "t", "rank", "size",
+                                "start_unix_ms", "cpu_count", "sample_interval_ms", "index",
+                                "memory_total_bytes", "utilization_pct", "system_cpu_pct"):
+                        if rng.random() < 0.5:
+                            text = text.replace(f'"{key}": ',
+                                                f'"{key}": {rng.choice(junk).decode()}, "_": ', 1)
+                    data = text.encode()
+                f.write_bytes(bytes(data))
+            code, out, err = run_cli(folder, "-o", self.tmp / "r.html")
+            self.assertIn(code, (0, 1), f"trial {trial}: exit {code}\n{err}")
+            if code == 1:
+                self.assertTrue(err.startswith("dtrain-report: "), err)
+
+
+class KilledAndEmptyRuns(InTempDir):
+    def test_a_killed_job_is_reported_with_what_it_recorded(self):
+        folder = self.run_folder(ranks=2, closed=False)
+        f = folder / "rank-1.jsonl"
+        lines = f.read_text().splitlines(keepends=True)
+        steps = [i for i, x in enumerate(lines) if '"type": "step"' in x]
+        f.write_text("".join(lines[:steps[30]]) + lines[steps[30]][:50])  # died mid-step 30
+        code, out, err = run_cli(folder, "-o", self.tmp / "r.html")
+        self.assertEqual(code, 0, err)
+        out = " ".join(out.split())  # unwrapped
+        self.assertIn("note: the job did not end cleanly: 2 of 2 rank(s) (0-1) wrote no end "
+                      "record, as when a process is killed or crashes; the report covers what "
+                      "was recorded (last: rank 0 at step 39, rank 1 at step 29)", out)
+        self.assertIn("rank-1.jsonl: its last line (line", out)
+        html = (self.tmp / "r.html").read_text()
+        self.assertIn('<div class="notice">the job did not end cleanly', html)
+
+    def test_a_program_without_steps_gets_the_system_and_engine_sections(self):
+        engine = lambda r, t: {"collectives": 4, "bytes_reduced": 1000 * (r + 1)}  # noqa: E731
+        folder = self.run_folder(ranks=2, steps=0, sample_engine=engine)
+        code, out, err = run_cli(folder, "-o", self.tmp / "r.html")
+        self.assertEqual(code, 0, err)
+        out = " ".join(out.split())  # unwrapped
+        self.assertIn("no steps, run run-1", out)
+        self.assertIn("note: no steps seen: no rank recorded a training step", out)
+        self.assertIn("summary: Overall system usage", out)
+        self.assertIn("not evaluated: Step outliers: no steps seen", out)
+        html = (self.tmp / "r.html").read_text()
+        self.assertIn("no steps seen", html)
+        self.assertIn('id="chart-utilization"', html)
+        # 3 samples, 0.5 s apart, of 1000 bytes each on rank 0 and 2000 on rank 1.
+        self.assertIn("<h2 id=\"engine\">Engine counters</h2>", html)
+        self.assertIn("<th>rank 1 total</th><th>per s</th>", html)
+        self.assertIn("<td class=l>bytes_reduced</td><td>3e+03</td><td>2e+03</td>"
+                      "<td>6e+03</td><td>4e+03</td>", html)
+
+    def test_without_sample_counters_the_engine_section_says_why(self):
+        folder = self.run_folder(ranks=1, steps=0)
+        code, out, err = run_cli(folder, "-o", self.tmp / "r.html")
+        self.assertEqual(code, 0, err)
+        self.assertIn("the profile has no steps and its samples carry no engine counters",
+                      (self.tmp / "r.html").read_text())
 
 
 class CommandLine(InTempDir):

@@ -1,6 +1,8 @@
 """Each dtrain-report rule on synthetic profiles: it fires when its problem is there, stays quiet
 when it is not (a healthy run fires nothing), and says when it cannot judge."""
 
+import json
+import math
 import sys
 import tempfile
 import unittest
@@ -8,10 +10,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
-from dtrain_report import thresholds  # noqa: E402
+from dtrain_report import rules, thresholds  # noqa: E402
 from dtrain_report.analysis import analyze  # noqa: E402
 from dtrain_report.profile_reader import load_run  # noqa: E402
-from dtrain_report.rules import FIRED, NOT_EVALUATED, QUIET, evaluate  # noqa: E402
+from dtrain_report.rules import FIRED, NOT_EVALUATED, QUIET, SUMMARY, evaluate  # noqa: E402
+
+LONG = 300  # steps: enough for the step-outlier rule (101 after warm-up) and the sample rules
 
 
 class RuleTest(unittest.TestCase):
@@ -33,11 +37,12 @@ class RuleTest(unittest.TestCase):
 
 
 class HealthyRun(RuleTest):
-    def test_a_healthy_run_fires_nothing(self):
-        findings = self.judge()
-        self.assertEqual({r: f.status for r, f in findings.items()},
-                         {r: QUIET for r in findings}, "\n".join(
-                             f"{r}: {f.summary}" for r, f in findings.items()))
+    def test_a_healthy_run_fires_nothing_and_every_rule_judges_it(self):
+        findings = self.judge(steps=LONG)
+        expected = {r: QUIET for r in findings}
+        expected["overall_system_usage"] = SUMMARY
+        self.assertEqual({r: f.status for r, f in findings.items()}, expected, "\n".join(
+            f"{r}: {f.summary}" for r, f in findings.items()))
 
     def test_without_a_gpu_the_gpu_rules_are_not_evaluated_and_say_why(self):
         findings = self.judge(gpu=None)
@@ -115,6 +120,25 @@ class CommunicationBound(RuleTest):
         self.assertEqual(f.ranks, [0, 1, 2, 3])
         self.assertIn("46 MB reduced", f.evidence[0])  # engine counters as evidence
 
+    def test_the_hidden_share_of_communication_as_evidence(self):
+        def phases(rank, step):
+            p = dict(synthetic.HEALTHY_PHASES)
+            p["communication_wait"] = 70.0
+            return p
+
+        def engine(**ns):
+            return lambda rank, step, p: {"collectives": 2, "bytes_reduced": 4.6e7, **ns}
+        f = self.judge(phases=phases, jitter=0.0, engine=engine(in_flight_ns=100e6))[
+            "communication_bound"]
+        self.assertIn("; 30% of its communication time overlaps the rest of the step",
+                      f.evidence[0])
+        f = self.judge(phases=phases, jitter=0.0, engine=engine(collective_ns=100e6))[
+            "communication_bound"]
+        self.assertIn("; at least 30% of its communication", f.evidence[0])
+        f = self.judge(phases=phases, jitter=0.0, engine=engine(collective_ns=50e6))[
+            "communication_bound"]
+        self.assertNotIn("overlaps", f.evidence[0])  # a lower bound of 0 says nothing
+
     def test_quiet_when_only_the_ranks_waiting_for_a_straggler_wait(self):
         def phases(rank, step):
             p = dict(synthetic.HEALTHY_PHASES)
@@ -165,6 +189,19 @@ class StragglerRank(RuleTest):
     def test_not_evaluated_for_one_rank(self):
         f = self.judge(ranks=1)["straggler_rank"]
         self.assertEqual(f.status, NOT_EVALUATED)
+
+    def test_steps_that_mark_only_their_communication_wait(self):
+        """As DistributedOptimizer::step() and handle waits record them, with no code changes:
+        the rank's own work is the step minus the wait, and the finding says it is not broken
+        into phases."""
+        def phases(rank, step):
+            return {"communication_wait": 2.0 if rank == 1 else 27.0}
+        f = self.judge(phases=phases, other=lambda r, i: 30.0 if r == 1 else 5.0)[
+            "straggler_rank"]  # rank 1 works 25 ms longer, the others wait for it
+        self.assertEqual(f.status, FIRED)
+        self.assertEqual(f.ranks, [1])
+        self.assertIn("rank 1's extra time is in its own work between the exchanges", f.evidence[1])
+        self.assertIn("mark its data, forward and backward phases", f.suggestion)
 
 
 class BatchTooSmall(RuleTest):
@@ -236,6 +273,227 @@ class CpuOversubscribed(RuleTest):
             s.update(system_cpu_pct=97.0, procs_running=14)  # busy, but a CPU for every task
             return s
         self.assertEqual(self.judge(system=system)["cpu_oversubscribed"].status, QUIET)
+
+
+def with_phase(change):
+    """Healthy phases with change(rank, step, phases) applied."""
+    def phases(rank, step):
+        p = dict(synthetic.HEALTHY_PHASES)
+        change(rank, step, p)
+        return p
+    return phases
+
+
+class StepOutlier(RuleTest):
+    OUTLIER_STEPS = range(20, 20 + 15 * 17, 17)  # 15 steps, all after the warm-up
+
+    def slow_steps(self, count, rank=1):
+        steps = set(list(self.OUTLIER_STEPS)[:count])
+
+        def change(r, step, p):
+            if step in steps:
+                if r == rank:
+                    p["data"] += 200.0
+                else:
+                    p["communication_wait"] += 200.0
+        return with_phase(change)
+
+    def test_fires_with_the_threshold_in_closed_form_and_names_the_rank_behind_the_waits(self):
+        f = self.judge(steps=LONG, jitter=0.0, phases=self.slow_steps(15))["step_outlier"]
+        self.assertEqual(f.status, FIRED, f.summary)
+        self.assertEqual(f.ranks, [0, 1, 2, 3])
+        self.assertEqual(f.steps, list(self.OUTLIER_STEPS))
+        # 298 judged steps of 98 ms, 15 of them 298 ms: the limit is mean + 3 population sigma.
+        n, k = LONG - 2, 15
+        mu = 98 + 200 * k / n
+        sigma = 200 * math.sqrt(k / n * (1 - k / n))
+        evidence = {int(e.split(":")[0].split()[1]): e for e in f.evidence}
+        self.assertIn(f"15 of 298 steps took longer than {mu + 3 * sigma:.0f} ms (its mean "
+                      f"{mu:.0f} ms + 3 x {sigma:.3g} ms)", evidence[1])
+        self.assertIn("in them data takes a median 200 ms more", evidence[1])
+        self.assertIn("in them communication_wait takes a median 200 ms more", evidence[0])
+        self.assertIn("rank 1's own work was the longest in 15 of those 15 steps", evidence[0])
+        self.assertIn("Rank 1's input stalls", f.suggestion)
+
+    def test_ten_outliers_are_tolerated_eleven_are_not(self):
+        self.assertEqual(self.judge(steps=LONG, phases=self.slow_steps(10))["step_outlier"]
+                         .status, QUIET)
+        self.assertEqual(self.judge(steps=LONG, phases=self.slow_steps(11))["step_outlier"]
+                         .status, FIRED)
+
+    def test_not_evaluated_on_a_short_run(self):
+        f = self.judge(phases=self.slow_steps(15))["step_outlier"]
+        self.assertEqual(f.status, NOT_EVALUATED)
+        self.assertIn("38 after warm-up, 101 needed", f.summary)
+
+
+class MaxInitializationTime(RuleTest):
+    @staticmethod
+    def uptime(minutes_by_rank):
+        return lambda r: {"process_uptime_ms": minutes_by_rank.get(r, 0.5) * 60e3}
+
+    def test_fires_on_the_rank_whose_process_started_long_before_its_first_step(self):
+        f = self.judge(header=self.uptime({2: 21.0}))["max_initialization_time"]
+        self.assertEqual(f.status, FIRED)
+        self.assertEqual(f.ranks, [2])
+        self.assertIn("rank 2 (host node0): its first step began 21.0 min after the process "
+                      "started (21.0 min before the Profiler was built, 0.0 s after)",
+                      f.evidence[0])
+
+    def test_quiet_under_the_threshold(self):
+        f = self.judge(header=self.uptime({2: 19.0}))["max_initialization_time"]
+        self.assertEqual(f.status, QUIET)
+        self.assertIn("latest: rank 2, 19.0 min after the process started", f.summary)
+        limits = thresholds.load(None, ["max_initialization_minutes=10"])
+        f = self.judge(limits, header=self.uptime({2: 19.0}))["max_initialization_time"]
+        self.assertEqual(f.status, FIRED)
+
+    def test_a_run_without_steps_fires_once_it_waited_longer(self):
+        f = self.judge(steps=0, header=self.uptime({0: 25.0}))["max_initialization_time"]
+        self.assertEqual(f.status, FIRED)
+        self.assertIn("no step had begun 25.0 min after the process started", f.evidence[0])
+        f = self.judge(steps=0)["max_initialization_time"]
+        self.assertEqual(f.status, NOT_EVALUATED)
+        self.assertIn("no steps seen in the", f.summary)
+
+    def test_not_evaluated_when_recording_began_after_the_first_step(self):
+        self.count += 1
+        folder = synthetic.write_run(Path(self._tmp.name) / f"run{self.count}", ranks=2)
+        for file in folder.glob("*.jsonl"):
+            lines = [json.loads(x) for x in file.read_text().splitlines()]
+            lines = [x for x in lines if x["type"] != "step" or x["step"] >= 5]
+            for x in lines:
+                if x["type"] == "start":
+                    x["step"] = 5
+            file.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        findings = {f.rule: f for f in evaluate(analyze(load_run([folder]), thresholds.defaults()))}
+        self.assertEqual(findings["max_initialization_time"].status, NOT_EVALUATED)
+        self.assertIn("start_recording = false", findings["max_initialization_time"].summary)
+
+
+def gpu_with(**by_rank):
+    """Healthy GPU samples, with fields replaced by f(rank, t) where given."""
+    def g(rank, t):
+        x = synthetic.healthy_gpu(rank, t)
+        for key, f in by_rank.items():
+            v = f(rank, t)
+            if v is not None:
+                x[key] = v
+        return x
+    return g
+
+
+class GpuMemoryIncrease(RuleTest):
+    @staticmethod
+    def memory(pct_of):
+        return gpu_with(memory_used_bytes=lambda r, t: None if pct_of(r, t) is None
+                        else pct_of(r, t) / 100 * synthetic.GPU_MEMORY)
+
+    def test_a_jump_fires_with_its_size(self):
+        gpu = self.memory(lambda r, t: (60.0 if t > 15 else 40.0) if r == 3 else None)
+        f = self.judge(steps=LONG, gpu=gpu)["gpu_memory_increase"]
+        self.assertEqual(f.status, FIRED)
+        self.assertEqual(f.ranks, [3])
+        self.assertIn("GPU 3 of host node0 (rank 3): memory in use grew by 20.0% of the device "
+                      "of its 80 GB", f.evidence[0])
+        self.assertIn("40% at", f.evidence[0])
+        self.assertIn("60% at", f.evidence[0])
+
+    def test_a_slow_leak_fires_window_over_window(self):
+        # 1.2 points a second, 0.6 a sample: adjacent windows of 10 samples differ by 6 points.
+        gpu = self.memory(lambda r, t: 20.0 + 1.2 * t if r == 0 else None)
+        f = self.judge(steps=LONG, gpu=gpu)["gpu_memory_increase"]
+        self.assertEqual(f.status, FIRED)
+        self.assertIn("grew by 6.0% of the device", f.evidence[0])
+
+    def test_quiet_for_a_small_step(self):
+        gpu = self.memory(lambda r, t: 44.0 if t > 15 else 40.0)
+        f = self.judge(steps=LONG, gpu=gpu)["gpu_memory_increase"]
+        self.assertEqual(f.status, QUIET)
+        self.assertIn("at most 4.0% of the device", f.summary)
+
+    def test_not_evaluated_without_a_gpu(self):
+        f = self.judge(gpu=None)["gpu_memory_increase"]
+        self.assertEqual(f.status, NOT_EVALUATED)
+        self.assertIn("NVML not loaded (test)", f.summary)
+
+
+class IoBottleneck(RuleTest):
+    def run_with(self, iowait, gpu_util, **kw):
+        def system(rank, t):
+            s = synthetic.healthy_system(rank, t)
+            s["system_iowait_pct"] = iowait(rank, t)
+            return s
+        return self.judge(steps=LONG, system=system,
+                          gpu=gpu_with(utilization_pct=gpu_util), **kw)["io_bottleneck"]
+
+    def test_fires_when_the_gpu_idles_while_the_machine_waits_for_io(self):
+        f = self.run_with(lambda r, t: 80.0, lambda r, t: 5.0 if r == 1 else None)
+        self.assertEqual(f.status, FIRED)
+        self.assertEqual(f.ranks, [1])
+        self.assertIn("rank 1 (host node0): 100% of its", f.evidence[0])
+        self.assertIn("a median 80% of the machine's CPU time", f.evidence[0])
+
+    def test_quiet_when_the_gpu_is_busy_or_the_wait_is_low(self):
+        self.assertEqual(self.run_with(lambda r, t: 80.0, lambda r, t: 50.0).status, QUIET)
+        self.assertEqual(self.run_with(lambda r, t: 30.0, lambda r, t: 5.0).status, QUIET)
+
+    def test_not_evaluated_without_io_wait_in_the_samples(self):
+        def system(rank, t):
+            s = synthetic.healthy_system(rank, t)
+            del s["system_iowait_pct"]
+            return s
+        f = self.judge(system=system)["io_bottleneck"]
+        self.assertEqual(f.status, NOT_EVALUATED)
+        self.assertIn("system_iowait_pct", f.summary)
+
+
+class LoadBalancing(RuleTest):
+    def test_the_distance_in_closed_form(self):
+        self.assertAlmostEqual(rules.js_distance([1, 0], [0, 1]), math.sqrt(math.log(2)))
+        self.assertAlmostEqual(rules.js_distance([1, 0], [1, 0]), 0.0)
+        # m = (0.75, 0.25): KL(p|m) = ln(4/3), KL(q|m) = (ln(2/3) + ln 2) / 2
+        expected = math.sqrt((math.log(4 / 3) + (math.log(2 / 3) + math.log(2)) / 2) / 2)
+        self.assertAlmostEqual(rules.js_distance([1, 0], [0.5, 0.5]), expected)
+        self.assertAlmostEqual(expected, 0.4645, places=4)
+        h = rules._histogram([0.0, 1.9, 2.0, 100.0])
+        self.assertEqual((h[0], h[1], h[49], len(h)), (0.5, 0.25, 0.25, 50))
+
+    def test_fires_for_gpus_of_a_host_busy_to_different_degrees(self):
+        gpu = gpu_with(utilization_pct=lambda r, t: 40.0 if r == 2 else 95.0)
+        f = self.judge(steps=LONG, ranks=3, gpu=gpu, gpu_index=lambda r: 0 if r < 2 else 1)[
+            "load_balancing"]
+        self.assertEqual(f.status, FIRED)
+        self.assertIn("host node0: GPU 0 (ranks 0, 1, median 95% busy) and GPU 1 (rank 2, median "
+                      "40% busy) are 0.83 apart", f.evidence[0])
+        self.assertIn("ranks 0, 1 share GPU 0 of host node0", f.evidence)
+        self.assertIn("set_device_from_local_rank", f.suggestion)
+
+    def test_quiet_for_equally_busy_gpus_and_gpus_on_different_hosts(self):
+        self.assertEqual(self.judge(steps=LONG)["load_balancing"].status, QUIET)
+        gpu = gpu_with(utilization_pct=lambda r, t: 40.0 if r == 1 else 95.0)
+        f = self.judge(steps=LONG, ranks=2, gpu=gpu, host=lambda r: f"node{r}")["load_balancing"]
+        self.assertEqual(f.status, NOT_EVALUATED)
+        self.assertIn("no host with two GPUs", f.summary)
+
+
+class OverallSystemUsage(RuleTest):
+    def test_a_summary_with_percentiles_in_closed_form(self):
+        def system(rank, t):
+            s = synthetic.healthy_system(rank, t)
+            s["system_cpu_pct"] = 2 * t  # sample k (at 0.5 k s) reads k
+            return s
+        f = self.judge(system=system, ranks=2)["overall_system_usage"]
+        self.assertEqual(f.status, SUMMARY)
+        line = next(e for e in f.evidence if "machine CPU" in e)
+        n = int(line.split("(")[-1].split()[0])  # samples 1..n
+        self.assertEqual(line, f"host node0, machine CPU (%): p50 {1 + (n - 1) * 0.5:.3g}, p95 "
+                               f"{1 + (n - 1) * 0.95:.3g}, p99 {1 + (n - 1) * 0.99:.3g}, max "
+                               f"{n}, min 1 ({n} samples)")
+
+    def test_never_fires(self):
+        for run in ({}, {"gpu": None}, {"steps": 0}):
+            self.assertEqual(self.judge(**run)["overall_system_usage"].status, SUMMARY)
 
 
 class Thresholds(unittest.TestCase):

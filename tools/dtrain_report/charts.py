@@ -4,6 +4,7 @@
   chart-comm-compute        compute, communication wait, data and the rest, per rank
   chart-comm-compute-steps  compute and communication wait over the steps
   chart-straggler-heatmap   rank x step: each rank's own work relative to the step's median
+  chart-straggler-scores    rank x interval: each rank's straggler score (1 = the fastest)
   chart-utilization         CPU, GPU, memory and I/O over time
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .analysis import COMPUTE_PHASES, Analysis, human_bytes, mean, median
+from .analysis import COMPUTE_PHASES, Analysis, mean, median
 from .svg import Svg, axis_y, fmt_num, nice_ticks, phase_color, ratio_color, series_color
 
 WIDTH = 920
@@ -133,27 +134,44 @@ def step_timeline(a: Analysis) -> str:
     return svg.render()
 
 
-CATEGORIES = (("compute", "#4c78a8"), ("communication wait", "#e45756"), ("data", "#e0a21b"),
-              ("other and user phases", "#bab0ac"))
+COMPUTE_COLOR, EXPOSED_COLOR, USER_COLOR, DATA_COLOR, UNMARKED_COLOR = \
+    "#4c78a8", "#e45756", "#b279a2", "#e0a21b", "#bab0ac"
 
 
-def _categories(a: Analysis, r: int) -> list[float]:
-    m = a.ranks[r].mean_phase_ms
-    compute = sum(m.get(p, 0.0) for p in COMPUTE_PHASES)
-    comm, data = m.get("communication_wait", 0.0), m.get("data", 0.0)
-    rest = sum(v for k, v in m.items()) - compute - comm - data
-    return [compute, comm, data, max(rest, 0.0)]
+def breakdown_categories(a: Analysis) -> list[str]:
+    """The categories of the temporal breakdown (Note [Overlap]) in this run's words."""
+    if a.compute_marked:
+        return ["compute", "exposed communication", "user phases", "idle: data", "idle: unmarked"]
+    return ["own work (not broken into phases)", "exposed communication", "user phases",
+            "data"]
+
+
+def breakdown_values(a: Analysis, r: int) -> list[float]:
+    b = a.ranks[r].breakdown
+    if a.compute_marked:
+        return [b.compute_ms, b.exposed_communication_ms, b.user_phases_ms, b.data_ms,
+                b.unmarked_ms]
+    return [b.unmarked_ms + b.compute_ms, b.exposed_communication_ms, b.user_phases_ms,
+            b.data_ms]
+
+
+def _category_colors(a: Analysis) -> list[str]:
+    if a.compute_marked:
+        return [COMPUTE_COLOR, EXPOSED_COLOR, USER_COLOR, DATA_COLOR, UNMARKED_COLOR]
+    return [UNMARKED_COLOR, EXPOSED_COLOR, USER_COLOR, DATA_COLOR]
 
 
 def comm_compute(a: Analysis) -> str:
-    label = "Compute against communication wait, per rank (share of the mean step)"
+    label = ("Where each rank's steps go: compute, exposed communication and idle time (share of "
+             "the steps after warm-up), with the communication hidden behind the step")
     ranks = [r for r in sorted(a.ranks) if a.ranks[r].steps]
     if not ranks:
         return _empty("chart-comm-compute", label, "no steps recorded")
     left, right, row = 150, 250, 24
     plot_w = WIDTH - left - right
     svg = Svg(WIDTH, 0, "chart-comm-compute", label)
-    legend_h = svg.legend(left, 16, list(CATEGORIES), plot_w + right)
+    names, colors = breakdown_categories(a), _category_colors(a)
+    legend_h = svg.legend(left, 16, list(zip(names, colors)), plot_w + right)
     top = 16 + legend_h + 4
     bottom = top + row * len(ranks)
     for v in (0, 0.25, 0.5, 0.75, 1.0):
@@ -162,19 +180,22 @@ def comm_compute(a: Analysis) -> str:
         svg.text(x, bottom + 14, f"{v:.0%}", size=10, anchor="middle", fill="#666")
     for i, r in enumerate(ranks):
         y = top + i * row
-        values = _categories(a, r)
+        values = breakdown_values(a, r)
+        b = a.ranks[r].breakdown
         total = sum(values) or 1.0
         svg.text(left - 8, y + row / 2 + 4, _rank_label(a, r), anchor="end")
         x = left
-        for (name, color), v in zip(CATEGORIES, values):
+        for name, color, v in zip(names, colors, values):
             w = v / total * plot_w
             svg.rect(x, y + 3, w, row - 6, color,
-                     title=f"rank {r}, {name}: {v:.3g} ms per step ({v / total:.0%})")
+                     title=f"rank {r}, {name}: {v / max(b.steps, 1):.3g} ms per step "
+                           f"({v / total:.0%})")
             x += w
-        e = a.ranks[r].engine_mean
-        note = f"{values[0] / total:.0%} compute, {values[1] / total:.0%} waiting"
-        if e.get("bytes_reduced"):
-            note += f", {human_bytes(e['bytes_reduced'])}/step"
+        note = (f"{values[0] / total:.0%} {'compute' if a.compute_marked else 'own work'}, "
+                f"{values[1] / total:.0%} exposed")
+        lower_bound = b.overlap_source == "collective_ns"
+        if not math.isnan(b.overlap) and not (lower_bound and b.overlap < 0.005):
+            note += f", {'>=' if lower_bound else ''}{b.overlap:.0%} hidden"
         svg.text(left + plot_w + 8, y + row / 2 + 4, note, size=10, fill="#444")
     svg.height = int(bottom + 26)
     return svg.render()
@@ -263,6 +284,50 @@ def straggler_heatmap(a: Analysis) -> str:
         "whole step (no communication_wait phase recorded)"
     svg.text(left + plot_w / 2, bottom + 30, f"step (cells: {what})", size=10, anchor="middle",
              fill="#666")
+    svg.height = int(bottom + 40)
+    return svg.render()
+
+
+def straggler_scores(a: Analysis) -> str:
+    label = ("Straggler scores: per interval of steps, the fastest rank's median own work over "
+             "each rank's")
+    if not a.scores:
+        why = ("one rank only" if len(a.ranks) < 2 else
+               "no communication_wait phase: it separates a rank's own work from waiting"
+               if "communication_wait" not in a.has_phase else "no step recorded by every rank")
+        return _empty("chart-straggler-scores", label, f"no straggler scores: {why}")
+    ranks = sorted(a.ranks)
+    low = a.thresholds["straggler_score_low"]
+    left, right, top, row = 150, 20, 34, max(8, min(24, 360 // max(len(ranks), 1)))
+    plot_w = WIDTH - left - right
+    groups = _bins(a.scores, 300)
+    cell_w = plot_w / len(groups)
+    svg = Svg(WIDTH, 0, "chart-straggler-scores", label)
+    for k in range(21):
+        score = 1 - k / 40
+        svg.rect(left + k * 8, 8, 8, 12, ratio_color(1 / score))
+    svg.text(left - 6, 18, "1 (fastest)", size=10, anchor="end", fill="#666")
+    svg.text(left + 21 * 8 + 6, 18, f"0.5; outlined: under {low:g} (threshold "
+             "straggler_score_low)", size=10, fill="#666")
+    for j, r in enumerate(ranks):
+        y = top + j * row
+        if row >= 12 or j % max(1, len(ranks) // 24) == 0:
+            svg.text(left - 8, y + row / 2 + 4, _rank_label(a, r), anchor="end",
+                     size=11 if row >= 12 else 9)
+        for k, g in enumerate(groups):
+            score = min(iv.scores[r] for iv in g)
+            steps = [i for iv in g for i in iv.steps]
+            svg.rect(left + k * cell_w, y, cell_w + 0.3, row - 1, ratio_color(1 / max(score, 1e-9)),
+                     title=f"rank {r}, steps {steps[0]}-{steps[-1]}: score {score:.2f}"
+                           + (f" (under {low:g})" if score < low else ""),
+                     stroke="#222" if score < low else None)
+    bottom = top + row * len(ranks)
+    for k, g in enumerate(groups):
+        if len(groups) <= 12 or k % math.ceil(len(groups) / 12) == 0:
+            svg.text(left + (k + 0.5) * cell_w, bottom + 14, f"{g[0].steps[0]}", size=10,
+                     anchor="middle", fill="#666")
+    svg.text(left + plot_w / 2, bottom + 30, "first step of each interval", size=10,
+             anchor="middle", fill="#666")
     svg.height = int(bottom + 40)
     return svg.render()
 
@@ -358,5 +423,6 @@ def all_charts(a: Analysis) -> dict[str, str]:
         "comm-compute": comm_compute(a),
         "comm-compute-steps": comm_compute_steps(a),
         "straggler-heatmap": straggler_heatmap(a),
+        "straggler-scores": straggler_scores(a),
         "utilization": utilization(a),
     }

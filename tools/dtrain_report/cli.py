@@ -9,10 +9,10 @@ import textwrap
 from pathlib import Path
 
 from . import thresholds as threshold_config
-from .analysis import analyze
+from .analysis import analyze, notices
 from .html_report import render, summary_line
 from .profile_reader import ProfileError, load_run
-from .rules import FIRED, NOT_EVALUATED, QUIET, evaluate
+from .rules import FIRED, NOT_EVALUATED, QUIET, SUMMARY, evaluate
 
 DESCRIPTION = """\
 Merge the per-rank profiles that dtrain::Profiler wrote (DTRAIN_PROFILE=DIR) into one
@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = sys.stdout
     print(f"dtrain-report: {summary_line(analysis)}", file=out)
+    for n in notices(analysis):
+        print(_wrap(n, "note: "), file=out)
     for f in findings:
         if f.status == FIRED:
             print(_wrap(f"{f.title}: {f.summary}", "FINDING "), file=out)
@@ -73,10 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(_wrap(e, "  - "), file=out)
             print(_wrap(f"suggestion: {f.suggestion}", "  "), file=out)
     if not args.quiet:
-        for status in (QUIET, NOT_EVALUATED):
+        for status in (QUIET, NOT_EVALUATED, SUMMARY):
             for f in findings:
                 if f.status == status:
                     print(_wrap(f"{f.title}: {f.summary}", f"{status}: "), file=out)
+                    if status == SUMMARY:
+                        for e in f.evidence:
+                            print(_wrap(e, "  - "), file=out)
     for s in run.skipped:
         print(_wrap(s, "skipped: "), file=out)
 

@@ -9,6 +9,7 @@ rank. The schema is Note [Profile schema] in include/dtrain/profile/records.hpp.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,8 @@ class RankProfile:
     samples: list[dict] = field(default_factory=list)
     closed: bool = False  # the file ends with an "end" record
     phases_outside_steps: int = 0
+    start_steps: list[int] = field(default_factory=list)  # the step each "start" mark names
+    last_t: float = 0.0  # the latest time any record of the file reaches (steps: their end)
 
     @property
     def rank(self) -> int:
@@ -74,6 +77,12 @@ class RankProfile:
         g = self.header.get("gpu")
         return g if isinstance(g, dict) else {"available": False, "reason": "not recorded"}
 
+    @property
+    def recorded_from_first_step(self) -> bool:
+        """Whether recording began before step 0, so that the first recorded step is the
+        program's first step (ProfilerOptions::start_recording = false defers it)."""
+        return not self.start_steps or min(self.start_steps) == 0
+
 
 @dataclass
 class Run:
@@ -90,17 +99,58 @@ class Run:
             out.setdefault(self.ranks[r].host, []).append(r)
         return out
 
+    @property
+    def unclosed(self) -> list[int]:
+        """Ranks whose file has no end record: the process was killed or crashed."""
+        return [r for r in sorted(self.ranks) if not self.ranks[r].closed]
+
+    @property
+    def has_steps(self) -> bool:
+        return any(p.steps for p in self.ranks.values())
+
+
+def number_ranges(numbers, most: int = 8) -> str:
+    """'0-3, 5, 9-12' for a set of integers; long lists end in '... (N in all)'."""
+    xs = sorted(set(numbers))
+    parts, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        parts.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    if len(parts) > most:
+        return ", ".join(parts[:most]) + f" ... ({len(xs)} in all)"
+    return ", ".join(parts)
+
 
 _REQUIRED_HEADER = {"rank": int, "size": int}
 _STEP_FIELDS = ("step", "t", "duration_ms")
+# Header fields the report computes with; one that is not a number is dropped with a note.
+_NUMERIC_HEADER = ("cpu_count", "affinity_cpus", "sample_interval_ms", "start_unix_ms",
+                   "process_uptime_ms", "local_rank", "local_size", "pid")
+_NUMERIC_GPU = ("index", "memory_total_bytes")
 
 
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite JSON number (Python's json module also accepts NaN and Infinity)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _finite_only(record: dict) -> dict:
+    """The record without numeric fields that are not finite, at the top level and in "gpu"."""
+    out = {k: v for k, v in record.items()
+           if not isinstance(v, float) or math.isfinite(v)}
+    if isinstance(out.get("gpu"), dict):
+        out["gpu"] = _finite_only(out["gpu"])
+    elif "gpu" in out:
+        del out["gpu"]
+    return out
 
 
 def _read_header(path: Path, first_line: str) -> tuple[dict | None, str]:
-    """The header, or None and why the file is not a profile this reader can use."""
+    """The header and a note on fields it dropped, or None and why the file is not a profile
+    this reader can use."""
     try:
         h = json.loads(first_line)
     except json.JSONDecodeError:
@@ -118,16 +168,41 @@ def _read_header(path: Path, first_line: str) -> tuple[dict | None, str]:
             return None, f"a dtrain profile header without a valid {key!r}"
     if h["size"] < 1 or not 0 <= h["rank"] < h["size"]:
         return None, f"a dtrain profile header with rank {h['rank']} of size {h['size']}"
-    return h, ""
+    dropped = [k for k in _NUMERIC_HEADER if k in h and not _is_number(h[k])]
+    for k in dropped:
+        del h[k]
+    gpu = h.get("gpu")
+    if isinstance(gpu, dict):
+        bad = [k for k in _NUMERIC_GPU if k in gpu and not _is_number(gpu[k])]
+        for k in bad:
+            del gpu[k]
+        dropped += [f"gpu.{k}" for k in bad]
+        for k in ("name", "reason"):
+            if k in gpu:
+                gpu[k] = str(gpu[k])
+    elif gpu is not None:
+        del h["gpu"]
+        dropped.append("gpu")
+    for k in ("host", "run_id", "dtrain_version"):
+        if k in h:
+            h[k] = str(h[k])
+    return h, ("; ".join(f"header field {k} is not valid and was ignored" for k in dropped))
 
 
-def _step_from(record: dict) -> Step | None:
-    if not all(_is_number(record.get(k)) for k in _STEP_FIELDS):
-        return None
+def _step_from(record: dict) -> tuple[Step | None, str]:
+    """The step, or None and what is wrong with the record."""
+    for k in _STEP_FIELDS:
+        if not _is_number(record.get(k)):
+            return None, f"a step record whose {k!r} is {_shown(record.get(k))}, not a number"
+    if record["duration_ms"] < 0:
+        return None, f"a step record with a negative duration_ms ({record['duration_ms']})"
     phases = record.get("phases_ms", {})
     if not isinstance(phases, dict):
-        return None
-    phases = {str(k): float(v) for k, v in phases.items() if _is_number(v)}
+        return None, "a step record whose 'phases_ms' is not an object"
+    for k, v in phases.items():
+        if not _is_number(v) or v < 0:
+            return None, f"a step record whose phase {str(k)!r} is {_shown(v)} ms"
+    phases = {str(k): float(v) for k, v in phases.items()}
     engine = record.get("engine")
     if engine is not None:
         engine = {str(k): float(v) for k, v in engine.items() if _is_number(v)} \
@@ -136,8 +211,13 @@ def _step_from(record: dict) -> Step | None:
     samples = record.get("samples", 0)
     return Step(index=int(record["step"]), t=float(record["t"]),
                 duration_ms=float(record["duration_ms"]), phases_ms=phases,
-                other_ms=float(other) if _is_number(other) else 0.0,
-                samples=int(samples) if _is_number(samples) else 0, engine=engine)
+                other_ms=float(other) if _is_number(other) and other >= 0 else 0.0,
+                samples=int(samples) if _is_number(samples) else 0, engine=engine), ""
+
+
+def _shown(v) -> str:
+    text = json.dumps(v) if v is not None else "missing"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
@@ -159,8 +239,10 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
     if header is None:
         skipped.append(f"{path.name}: {why}")
         return None
+    if why:
+        skipped.append(f"{path.name}: {why}")
     profile = RankProfile(path=path, header=header)
-    bad_lines: list[int] = []
+    bad: list[tuple[int, str]] = []  # (line number, what is wrong with it)
     unknown = 0
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
@@ -168,52 +250,62 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
         last = number == len(lines)
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError) as e:
             if last and truncated_tail:
                 skipped.append(f"{path.name}: its last line (line {number}) is cut short, as when "
                                f"a process dies while writing; the line was left out")
             else:
-                bad_lines.append(number)
+                bad.append((number, f"not JSON ({e.msg if hasattr(e, 'msg') else e})"))
             continue
         if not isinstance(record, dict):
-            bad_lines.append(number)
+            bad.append((number, "not a JSON object"))
             continue
         kind = record.get("type")
+        t = record.get("t")
+        if kind in ("sample", "start", "stop", "end") and not _is_number(t):
+            bad.append((number, f"a {kind} record whose 't' is {_shown(t)}, not a number"))
+            continue
         if kind == "step":
-            step = _step_from(record)
+            step, wrong = _step_from(record)
             if step is None:
-                bad_lines.append(number)
-            else:
-                profile.steps.append(step)
+                bad.append((number, wrong))
+                continue
+            profile.steps.append(step)
+            profile.last_t = max(profile.last_t, step.t + step.duration_ms / 1e3)
         elif kind == "sample":
-            if _is_number(record.get("t")):
-                profile.samples.append(record)
+            profile.samples.append(_finite_only(record))
+            profile.last_t = max(profile.last_t, t)
+        elif kind in ("start", "stop", "end"):
+            profile.last_t = max(profile.last_t, t)
+            if kind == "start":
+                n = record.get("step", 0)
+                profile.start_steps.append(int(n) if _is_number(n) else 0)
+            elif kind == "stop":
+                n = record.get("phases_outside_steps", 0)
+                profile.phases_outside_steps += int(n) if _is_number(n) else 0
             else:
-                bad_lines.append(number)
-        elif kind == "stop":
-            n = record.get("phases_outside_steps", 0)
-            profile.phases_outside_steps += int(n) if _is_number(n) else 0
-        elif kind == "end":
-            profile.closed = True
-        elif kind in ("start", "header"):
-            pass
+                profile.closed = True
+        elif kind == "header":
+            bad.append((number, "a second header"))
         else:
             unknown += 1
-    if bad_lines:
-        shown = ", ".join(str(n) for n in bad_lines[:10]) + (" ..." if len(bad_lines) > 10 else "")
-        skipped.append(f"{path.name}: {len(bad_lines)} line(s) that are not valid profile records "
-                       f"were left out (line {shown})")
+    if bad:
+        shown = "; ".join(f"line {n}: {why}" for n, why in bad[:3])
+        more = f"; and {len(bad) - 3} more (lines {number_ranges(n for n, _ in bad[3:])})" \
+            if len(bad) > 3 else ""
+        skipped.append(f"{path.name}: {len(bad)} line(s) that are not valid profile records "
+                       f"were left out ({shown}{more})")
     if unknown:
         skipped.append(f"{path.name}: {unknown} record(s) of a type this report does not know "
                        f"were ignored")
+    profile.steps.sort(key=lambda s: s.index)
+    profile.samples.sort(key=lambda s: s["t"])
     if not profile.closed:
         last_step = profile.steps[-1].index if profile.steps else None
         skipped.append(f"{path.name}: rank {profile.rank}'s profile has no end record: the process "
                        f"stopped without closing its Profiler (crashed or killed?)"
                        + (f"; its last recorded step is {last_step}" if last_step is not None
-                          else ""))
-    profile.steps.sort(key=lambda s: s.index)
-    profile.samples.sort(key=lambda s: s["t"])
+                          else "; it recorded no step"))
     return profile
 
 
@@ -248,7 +340,7 @@ def load_run(paths: list[Path]) -> Run:
     by_run: dict[str, list[RankProfile]] = {}
     for p in profiles:
         by_run.setdefault(p.run_id, []).append(p)
-    run_id = max(by_run, key=lambda r: max(float(p.header.get("start_unix_ms") or 0)
+    run_id = max(by_run, key=lambda r: max(float(p.header.get("start_unix_ms", 0))
                                            for p in by_run[r]))
     for other, members in by_run.items():
         if other == run_id:
@@ -267,8 +359,10 @@ def load_run(paths: list[Path]) -> Run:
     for p in ranks.values():
         if p.size != size:
             skipped.append(f"{p.path.name}: says the run had {p.size} ranks, others say {size}")
-    missing = [r for r in range(size) if r not in ranks]
-    if missing:
-        skipped.append(f"no profile for rank(s) {', '.join(map(str, missing))} of {size}: the "
+    missing = [r for r in range(size) if r not in ranks] if size - len(ranks) < 100000 else \
+        []
+    if size > len(ranks):
+        shown = number_ranges(missing) if missing else f"{size - len(ranks)} ranks"
+        skipped.append(f"no profile for rank(s) {shown} of {size}: the "
                        f"report covers the other ranks only")
     return Run(ranks=ranks, size=size, run_id=run_id, source=source, skipped=skipped)

@@ -1,16 +1,18 @@
 """The rules: each looks at the analysis and says whether its problem is there ("fired"), not
 there ("quiet"), or cannot be judged from what was recorded ("not evaluated"), with the numbers,
-ranks and steps behind the verdict and what to do about it."""
+ranks and steps behind the verdict and what to do about it. One rule only summarizes
+("summary": the system's usage) and never fires."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from .analysis import COMPUTE_PHASES, Analysis, RankSummary, human_bytes, mean, median, \
-    percentile, share, step_range
+from .analysis import COMPUTE_PHASES, Analysis, RankSummary, human_bytes, \
+    is_number, mean, median, percentile, share, step_range, system_usage, devices
 
-FIRED, QUIET, NOT_EVALUATED = "fired", "quiet", "not evaluated"
+FIRED, QUIET, NOT_EVALUATED, SUMMARY = "fired", "quiet", "not evaluated", "summary"
+IOWAIT_FIELD = "system_iowait_pct"
 
 
 @dataclass
@@ -36,6 +38,27 @@ def _pct(x: float) -> str:
 
 def _ms(x: float) -> str:
     return f"{x:.3g} ms" if x < 100 else f"{x:.0f} ms"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def score_evidence(a: Analysis) -> list[str]:
+    """The straggler scores' verdict per rank that fell under the threshold in some interval."""
+    if not a.scores:
+        return []
+    low = a.thresholds["straggler_score_low"]
+    out = []
+    for r in sorted(a.ranks):
+        under = [iv for iv in a.scores if r in iv.low]
+        if under:
+            out.append(f"rank {r}'s straggler score (the fastest rank's median own work per "
+                       f"step over its own) is under {low:g} in {len(under)} of "
+                       f"{len(a.scores)} intervals of steps, lowest "
+                       f"{min(iv.scores[r] for iv in under):.2f} (steps "
+                       f"{step_range([i for iv in under for i in iv.steps])})")
+    return out
 
 
 def _judged(a: Analysis) -> list[RankSummary]:
@@ -191,10 +214,16 @@ def communication_bound(a: Analysis) -> Finding:
     evidence = []
     for s in judged:
         comm = median(st.phase("communication_wait") for st in s.steps)
+        b = s.breakdown
+        lower_bound = b.overlap_source == "collective_ns"
+        # A lower bound of 0 says nothing: leave it out.
+        hidden = "" if math.isnan(b.overlap) or (lower_bound and b.overlap < 0.005) else (
+            f"; {'at least ' if lower_bound else ''}"
+            f"{_pct(b.overlap)} of its communication time overlaps the rest of the step")
         evidence.append(f"rank {s.rank}: a median {_ms(comm)} of a {_ms(s.median_step_ms)} step "
                         f"({_pct(shares[s.rank])}) waiting for communication over steps "
                         f"{step_range([st.index for st in s.steps])}"
-                        + _engine_evidence(s, comm))
+                        + _engine_evidence(s, comm) + hidden)
     e = least.engine_mean
     small_ops = e and e.get("collectives", 0) >= 4 and \
         e.get("bytes_reduced", 0) / max(e.get("collectives", 1), 1) < (1 << 20)
@@ -244,10 +273,13 @@ def straggler_rank(a: Analysis) -> Finding:
                   and len(slowest_in[r]) / len(steps) >= t["straggler_step_fraction"]]
     if not stragglers:
         worst = max(ranks, key=lambda r: median(ratios[r]))
+        scored = score_evidence(a)
         return Finding(rule, title, QUIET,
                        f"no rank is consistently slower: the largest median slowdown is rank "
                        f"{worst} at {median(ratios[worst]):.2f}x the others' own work per step "
-                       f"(threshold {t['straggler_slowdown']:g}x)")
+                       f"(threshold {t['straggler_slowdown']:g}x)"
+                       + ("; but the straggler scores name a rank in some intervals" if scored
+                          else ""), scored)
     evidence, advice_parts = [], []
     for r in stragglers:
         s = a.ranks[r]
@@ -268,8 +300,13 @@ def straggler_rank(a: Analysis) -> Finding:
                                                       for o in others)
                  for p in a.phase_names if p != "communication_wait"}
         phase, extra = max(diffs.items(), key=lambda kv: kv[1])
-        evidence.append(f"rank {r}'s extra time is mostly in {phase} "
-                        f"(+{_ms(extra)} per step on average)")
+        if phase == "other" and not a.compute_marked:
+            evidence.append(f"rank {r}'s extra time is in its own work between the exchanges "
+                            f"(+{_ms(extra)} per step on average), which the program does not "
+                            f"break into phases")
+        else:
+            evidence.append(f"rank {r}'s extra time is mostly in {phase} "
+                            f"(+{_ms(extra)} per step on average)")
         if phase == "data":
             advice_parts.append(f"Rank {r} waits longer for its input: its shard may hold larger "
                                 f"samples (balance them with SplitSortedBucketSampler) or its "
@@ -278,9 +315,14 @@ def straggler_rank(a: Analysis) -> Finding:
             advice_parts.append(f"Rank {r} computes more slowly: check host {s.host} for other "
                                 f"load (see 'CPU oversubscribed'), throttling, or a slower device, "
                                 f"and that every rank gets equally sized batches.")
+        elif phase == "other" and not a.compute_marked:
+            advice_parts.append(f"Rank {r} works more slowly between the exchanges: mark its "
+                                f"data, forward and backward phases to see which; meanwhile "
+                                f"check host {s.host} for other load and every rank's batch.")
         else:
             advice_parts.append(f"Rank {r} spends the extra time in '{phase}': profile that part "
                                 f"of its step more finely.")
+    evidence += score_evidence(a)
     return Finding(rule, title, FIRED,
                    f"{_ranks(stragglers)} {'holds' if len(stragglers) == 1 else 'hold'} the "
                    f"others back in most steps",
@@ -378,8 +420,367 @@ def cpu_oversubscribed(a: Analysis) -> Finding:
         ranks=sorted(fired))
 
 
+
+def _no_steps(rule: str, title: str) -> Finding:
+    return Finding(rule, title, NOT_EVALUATED, "no steps seen: the rule judges step times")
+
+
+def _phase_of_extra_time(a: Analysis, s: RankSummary, picked) -> tuple[str, float]:
+    """The phase (or "other") that grew most in the steps picked, against the rank's median."""
+    best, best_extra = "other", -math.inf
+    for name in a.phase_names:
+        def value(st):
+            return st.other_ms if name == "other" else st.phase(name)
+        extra = median(value(st) for st in picked) - median(value(st) for st in s.steps)
+        if extra > best_extra:
+            best, best_extra = name, extra
+    return best, best_extra
+
+
+def step_outlier(a: Analysis) -> Finding:
+    rule, title = "step_outlier", "Step outliers"
+    if not a.run.has_steps:
+        return _no_steps(rule, title)
+    t = a.thresholds
+    need = int(t["step_outlier_min_steps"])
+    judged = [s for s in a.ranks.values() if len(s.steps) >= need]
+    if not judged:
+        n = max(len(s.steps) for s in a.ranks.values())
+        return Finding(rule, title, NOT_EVALUATED,
+                       f"too few steps: {n} after warm-up, {need} needed for a standard deviation "
+                       f"to mean something (threshold step_outlier_min_steps)")
+    found, counts = [], {}
+    for s in judged:
+        durations = [st.duration_ms for st in s.steps]
+        mu = mean(durations)
+        sigma = math.sqrt(mean((d - mu) ** 2 for d in durations))
+        limit = mu + t["step_outlier_stddev"] * sigma
+        outliers = [st for st in s.steps if st.duration_ms > limit]
+        counts[s.rank] = len(outliers)
+        if len(outliers) > t["step_outlier_count"]:
+            found.append((s, mu, sigma, limit, outliers))
+    if not found:
+        most = max(counts, key=lambda r: counts[r])
+        return Finding(rule, title, QUIET,
+                       f"no rank has more than {int(t['step_outlier_count'])} steps longer than "
+                       f"its mean + {t['step_outlier_stddev']:g} standard deviations (most: rank "
+                       f"{most} with {counts[most]})")
+    evidence, advice, steps = [], [], set()
+    for s, mu, sigma, limit, outliers in found:
+        steps.update(st.index for st in outliers)
+        longest = sorted(outliers, key=lambda st: -st.duration_ms)[:3]
+        phase, extra = _phase_of_extra_time(a, s, outliers)
+        line = (f"rank {s.rank}: {len(outliers)} of {len(s.steps)} steps took longer than "
+                f"{_ms(limit)} (its mean {_ms(mu)} + {t['step_outlier_stddev']:g} x "
+                f"{_ms(sigma)}): steps {step_range([st.index for st in outliers])}; longest: "
+                + ", ".join(f"step {st.index} ({_ms(st.duration_ms)})" for st in longest)
+                + f"; in them {phase} takes a median {_ms(extra)} more than in the rank's "
+                  f"median step")
+        if phase == "communication_wait" and len(a.ranks) > 1:
+            slowest = [max(a.ranks, key=lambda r: a.step_of(r, st.index).busy_ms)
+                       for st in outliers if all(a.step_of(r, st.index) for r in a.ranks)]
+            if slowest:
+                culprit = max(set(slowest), key=slowest.count)
+                line += (f"; rank {culprit}'s own work was the longest in "
+                         f"{slowest.count(culprit)} of those {len(outliers)} steps")
+        evidence.append(line)
+        if phase == "data":
+            advice.append(f"Rank {s.rank}'s input stalls now and then: a loader queue that runs "
+                          f"dry, files that miss the page cache, shared storage under load; "
+                          f"prefetch further ahead.")
+        elif phase == "communication_wait":
+            advice.append(f"Rank {s.rank} waits for the others in those steps: a rank that is "
+                          f"slow now and then (see 'Straggler rank' and the scores) or a network "
+                          f"shared with other jobs.")
+        elif phase in COMPUTE_PHASES:
+            advice.append(f"Rank {s.rank}'s {phase} is slow now and then: memory allocation (a "
+                          f"cache that is flushed), garbage collection, other programs on host "
+                          f"{s.host}, or inputs of varying size.")
+        elif phase == "other":
+            advice.append(f"Rank {s.rank}'s extra time is outside the marked phases: mark more of "
+                          f"the step to see where it goes.")
+        else:
+            advice.append(f"Rank {s.rank}'s '{phase}' phase is long now and then: when it is "
+                          f"periodic work (checkpoints, evaluation, logging), run it in the "
+                          f"background or between steps.")
+    return Finding(rule, title, FIRED,
+                   f"{_ranks(s.rank for s, *_ in found)} "
+                   f"{'has' if len(found) == 1 else 'have'} more than "
+                   f"{int(t['step_outlier_count'])} steps longer than the mean + "
+                   f"{t['step_outlier_stddev']:g} standard deviations",
+                   evidence, " ".join(advice), ranks=[s.rank for s, *_ in found],
+                   steps=sorted(steps))
+
+
+def max_initialization_time(a: Analysis) -> Finding:
+    rule, title = "max_initialization_time", "Initialization time"
+    limit_min = a.thresholds["max_initialization_minutes"]
+    limit = limit_min * 60
+    measured, waited, unknown = {}, {}, []
+    for r, s in a.ranks.items():
+        uptime = s.profile.header.get("process_uptime_ms")
+        before = uptime / 1e3 if is_number(uptime) else None
+        if s.profile.steps and s.profile.recorded_from_first_step \
+                and s.profile.steps[0].index == 0:
+            measured[r] = (before, s.profile.steps[0].t)
+        elif not s.profile.steps:
+            waited[r] = (before, s.profile.last_t)
+        else:
+            unknown.append(r)
+
+    def total(pair):
+        return (pair[0] or 0.0) + pair[1]
+
+    def when(pair):
+        before, after = pair
+        if before is None:
+            return (f"{_duration(total(pair))} after its Profiler was built (the process's "
+                    f"start-up before that is not recorded)")
+        return (f"{_duration(total(pair))} after the process started ({_duration(before)} "
+                f"before the Profiler was built, {_duration(after)} after)")
+    slow = {r: p for r, p in measured.items() if total(p) > limit}
+    stuck = {r: p for r, p in waited.items() if total(p) > limit}
+    if slow or stuck:
+        evidence = [f"rank {r} (host {a.ranks[r].host}): its first step began {when(p)}"
+                    for r, p in sorted(slow.items())]
+        evidence += [f"rank {r} (host {a.ranks[r].host}): no step had begun {when(p)}, where its "
+                     f"profile ends" for r, p in sorted(stuck.items())]
+        return Finding(
+            rule, title, FIRED,
+            f"{_ranks(sorted(slow) + sorted(stuck))} took more than {limit_min:g} min to reach "
+            f"the first training step",
+            evidence,
+            "Start-up work that every rank repeats is the usual cause: downloading, unpacking or "
+            "indexing the data set (do it once, keep it on local disk), loading a checkpoint on "
+            "every rank (one rank reads and broadcasts, dtrain::Checkpoint does), compiling or "
+            "tuning kernels, or one host that starts late (the others wait for it in "
+            "dtrain::init()). A program that never runs a training step (no profiler.step() or "
+            "DistributedOptimizer::step()) can ignore this finding.",
+            ranks=sorted(slow) + sorted(stuck))
+    if measured:
+        worst = max(measured, key=lambda r: total(measured[r]))
+        return Finding(rule, title, QUIET,
+                       f"the first step began within {limit_min:g} min on every rank that "
+                       f"recorded it (latest: rank {worst}, {when(measured[worst])})")
+    if unknown:
+        return Finding(rule, title, NOT_EVALUATED,
+                       f"recording began after the first step on {_ranks(unknown)} "
+                       f"(ProfilerOptions::start_recording = false), so the time to it is not "
+                       f"known")
+    longest = max(total(p) for p in waited.values()) if waited else 0.0
+    return Finding(rule, title, NOT_EVALUATED,
+                   f"no steps seen in the {_duration(longest)} recorded, under the "
+                   f"{limit_min:g} min threshold")
+
+
+def gpu_memory_increase(a: Analysis) -> Finding:
+    rule, title = "gpu_memory_increase", "GPU memory increase"
+    gpus = devices(a)
+    if not gpus:
+        return Finding(rule, title, NOT_EVALUATED, f"no GPU samples ({_gpu_reason(a)})")
+    t = a.thresholds
+    w = int(t["gpu_memory_window"])
+    need = max(int(t["min_samples"]), 2 * w)
+    growth, evidence, fired, short = {}, [], [], []
+    for (host, index), ranks in gpus.items():
+        s = a.ranks[ranks[0]]
+        series = s.gpu_series("memory_pct", s.judged_samples)
+        if len(series) < need:
+            short.append(f"GPU {index} of host {host}: {len(series)} samples")
+            continue
+        v = [x for _, x in series]
+        best, at = -math.inf, 0
+        for i in range(2 * w, len(v) + 1):
+            rise = mean(v[i - w:i]) - mean(v[i - 2 * w:i - w])
+            if rise > best:
+                best, at = rise, i
+        growth[(host, index)] = best
+        if best > t["gpu_memory_increase_pct"]:
+            fired.extend(ranks)
+            total = s.profile.gpu.get("memory_total_bytes")
+            size = f" of its {human_bytes(total)}" if is_number(total) else ""
+            evidence.append(
+                f"GPU {index} of host {host} ({_ranks(ranks)}): memory in use grew by "
+                f"{best:.1f}% of the device{size} from the {w} samples ending at "
+                f"{series[at - w - 1][0]:.1f} s (a mean of {mean(v[at - 2 * w:at - w]):.1f}%) to "
+                f"the {w} ending at {series[at - 1][0]:.1f} s ({mean(v[at - w:at]):.1f}%); "
+                f"{v[0]:.0f}% at {series[0][0]:.1f} s, {v[-1]:.0f}% at {series[-1][0]:.1f} s, "
+                f"peak {max(v):.0f}%")
+    if not growth:
+        return Finding(rule, title, NOT_EVALUATED,
+                       f"too few GPU memory samples after warm-up ({'; '.join(short)}; "
+                       f"{need} needed: two windows of gpu_memory_window and min_samples)")
+    if not fired:
+        (host, index), most = max(growth.items(), key=lambda kv: kv[1])
+        return Finding(rule, title, QUIET,
+                       f"GPU memory in use grows by at most {max(most, 0):.1f}% of the device "
+                       f"from one window of {w} samples to the next (GPU {index} of host "
+                       f"{host}; threshold {t['gpu_memory_increase_pct']:g}%)")
+    return Finding(
+        rule, title, FIRED,
+        f"GPU memory in use keeps growing on {_ranks(sorted(fired))}", evidence,
+        "Memory that grows during training ends in an out-of-memory error. Look for tensors "
+        "kept from step to step (a running loss summed as a tensor instead of loss.item(), "
+        "outputs or activations stored for later), caches that grow with each new input shape "
+        "(variable-size batches: pad or bucket them, SplitSortedBucketSampler), and memory an "
+        "evaluation or checkpoint step allocates and keeps.",
+        ranks=sorted(fired))
+
+
+def io_bottleneck(a: Analysis) -> Finding:
+    rule, title = "io_bottleneck", "I/O bottleneck"
+    if not a.has_gpu:
+        return Finding(rule, title, NOT_EVALUATED,
+                       f"no GPU samples ({_gpu_reason(a)}): the rule looks for a GPU starved by "
+                       f"I/O")
+    if not any(s.sampled(IOWAIT_FIELD) for s in a.ranks.values()):
+        return Finding(rule, title, NOT_EVALUATED,
+                       f"the samples carry no I/O wait ({IOWAIT_FIELD}): this profile was "
+                       f"written by a dtrain that does not record it")
+    t = a.thresholds
+    judged, fired, evidence, fractions = 0, [], [], {}
+    for s in a.ranks.values():
+        pairs = [(x[IOWAIT_FIELD], x["gpu"]["utilization_pct"]) for x in s.judged_samples
+                 if is_number(x.get(IOWAIT_FIELD)) and isinstance(x.get("gpu"), dict)
+                 and is_number(x["gpu"].get("utilization_pct"))]
+        if len(pairs) < t["min_samples"]:
+            continue
+        judged += 1
+        stalled = [(io, gpu) for io, gpu in pairs
+                   if io > t["io_wait_high_pct"] and gpu < t["io_gpu_low_pct"]]
+        fractions[s.rank] = len(stalled) / len(pairs)
+        if fractions[s.rank] > t["io_bottleneck_fraction"]:
+            fired.append(s.rank)
+            line = (f"rank {s.rank} (host {s.host}): {_pct(fractions[s.rank])} of its "
+                    f"{len(pairs)} samples wait for I/O (a median "
+                    f"{median(io for io, _ in stalled):.0f}% "
+                    f"of the machine's CPU time) while its GPU is under {t['io_gpu_low_pct']:g}% "
+                    f"busy (median {median(g for _, g in stalled):.0f}%)")
+            if "disk_read_bytes_per_s" in s.cpu:
+                line += f"; disk reads a median {human_bytes(s.cpu['disk_read_bytes_per_s'])}/s"
+            own = s.sampled("process_read_bytes_per_s")
+            if own:
+                line += f" ({human_bytes(median(own))}/s by the rank itself)"
+            if "data" in s.median_share:
+                line += f"; the data phase takes a median {_pct(s.median_share['data'])} of a step"
+            evidence.append(line)
+    if not judged:
+        return Finding(rule, title, NOT_EVALUATED,
+                       f"fewer than {int(t['min_samples'])} samples with I/O wait and GPU "
+                       f"utilization after warm-up on every rank (threshold min_samples)")
+    if not fired:
+        worst = max(fractions, key=lambda r: fractions[r])
+        return Finding(rule, title, QUIET,
+                       f"at most {_pct(fractions[worst])} of a rank's samples (rank {worst}) wait "
+                       f"for I/O above {t['io_wait_high_pct']:g}% with the GPU under "
+                       f"{t['io_gpu_low_pct']:g}% busy; {_pct(t['io_bottleneck_fraction'])} needed")
+    return Finding(
+        rule, title, FIRED,
+        f"the GPU of {_ranks(fired)} waits for storage most of the time", evidence,
+        "The input is read from storage more slowly than the GPU consumes it: copy the data set "
+        "to local NVMe (or memory) first, read fewer and larger files (shards or record files "
+        "rather than one file per sample), read ahead in loader threads with a deeper prefetch "
+        "queue, and cache decoded samples.",
+        ranks=fired)
+
+
+def _histogram(values: list[float], bins: int = 50) -> list[float]:
+    """Shares of `values` in `bins` equal bins over 0-100% (100 falls in the last)."""
+    counts = [0] * bins
+    for v in values:
+        counts[min(bins - 1, max(0, int(v / (100 / bins))))] += 1
+    n = sum(counts)
+    return [c / n for c in counts] if n else counts
+
+
+def js_distance(p: list[float], q: list[float]) -> float:
+    """The Jensen-Shannon distance of two distributions: the square root of the mean of their
+    Kullback-Leibler divergences from their average, in nats (0 to sqrt(ln 2))."""
+    m = [(x + y) / 2 for x, y in zip(p, q)]
+
+    def kl(a, b):
+        return sum(x * math.log(x / y) for x, y in zip(a, b) if x > 0)
+    return math.sqrt(max(0.0, (kl(p, m) + kl(q, m)) / 2))
+
+
+def load_balancing(a: Analysis) -> Finding:
+    rule, title = "load_balancing", "GPU load balancing"
+    gpus = devices(a)
+    if not gpus:
+        return Finding(rule, title, NOT_EVALUATED, f"no GPU samples ({_gpu_reason(a)})")
+    t = a.thresholds
+    histograms, medians = {}, {}
+    for key, ranks in gpus.items():
+        s = a.ranks[ranks[0]]
+        values = [v for _, v in s.gpu_series("utilization_pct", s.judged_samples)]
+        if len(values) >= t["min_samples"]:
+            histograms[key] = _histogram(values)
+            medians[key] = median(values)
+    hosts = {}
+    for host, index in histograms:
+        hosts.setdefault(host, []).append(index)
+    pairs = []
+    for host, indices in hosts.items():
+        indices.sort()
+        for i, x in enumerate(indices):
+            for y in indices[i + 1:]:
+                pairs.append((js_distance(histograms[(host, x)], histograms[(host, y)]),
+                              host, x, y))
+    if not pairs:
+        return Finding(rule, title, NOT_EVALUATED,
+                       "no host with two GPUs that have enough samples "
+                       f"(min_samples {int(t['min_samples'])} after warm-up): nothing to balance")
+    pairs.sort(reverse=True)
+    far = [p for p in pairs if p[0] > t["load_balancing_distance"]]
+    if not far:
+        d, host, x, y = pairs[0]
+        return Finding(rule, title, QUIET,
+                       f"the GPUs of each host are about equally busy: the utilization histograms "
+                       f"of GPUs {x} and {y} of host {host} differ the most, {d:.2f} apart "
+                       f"(Jensen-Shannon distance; threshold {t['load_balancing_distance']:g})")
+
+    def gpu(host, index):
+        return (f"GPU {index} ({_ranks(gpus[(host, index)])}, median "
+                f"{medians[(host, index)]:.0f}% busy)")
+    evidence = [f"host {host}: {gpu(host, x)} and {gpu(host, y)} are {d:.2f} apart"
+                for d, host, x, y in far[:6]]
+    if len(far) > 6:
+        evidence.append(f"and {len(far) - 6} more pairs above {t['load_balancing_distance']:g}")
+    shared = [(key, rs) for key, rs in gpus.items() if len(rs) > 1]
+    for (host, index), rs in shared:
+        evidence.append(f"{_ranks(rs)} share GPU {index} of host {host}")
+    fired = sorted({r for _, host, x, y in far for r in gpus[(host, x)] + gpus[(host, y)]})
+    return Finding(
+        rule, title, FIRED,
+        f"some GPUs of host {', '.join(sorted({h for _, h, _, _ in far}))} are much busier than "
+        f"others", evidence,
+        ("Ranks share a GPU while another may idle: give each rank its own device "
+         "(dtrain::cuda::set_device_from_local_rank()). " if shared else "")
+        + "Give every rank the same work: equal batches (DistributedSampler), balanced shards of "
+        "variable-size samples (SplitSortedBucketSampler); then see whether the less busy ranks "
+        "wait for their input (their data phase) or for the others.",
+        ranks=fired)
+
+
+def overall_system_usage(a: Analysis) -> Finding:
+    rule, title = "overall_system_usage", "Overall system usage"
+    usage = system_usage(a)
+    if not any(usage.values()):
+        return Finding(rule, title, NOT_EVALUATED, "no system samples recorded")
+    evidence = []
+    for host, stats in usage.items():
+        for u in stats:
+            evidence.append(f"host {host}, {u.metric} ({u.unit}): p50 {u.p50:.3g}, p95 "
+                            f"{u.p95:.3g}, p99 {u.p99:.3g}, max {u.maximum:.3g}, min "
+                            f"{u.minimum:.3g} ({u.samples} samples)")
+    return Finding(rule, title, SUMMARY,
+                   f"percentiles of the system's use on {len(usage)} host(s); a summary, it "
+                   f"never fires", evidence)
+
+
 RULES = (low_gpu_utilization, data_loader_bound, communication_bound, straggler_rank,
-         batch_too_small, cpu_oversubscribed)
+         batch_too_small, cpu_oversubscribed, step_outlier, max_initialization_time,
+         gpu_memory_increase, io_bottleneck, load_balancing, overall_system_usage)
 
 
 def evaluate(a: Analysis) -> list[Finding]:

@@ -101,6 +101,10 @@ class Svg:
              f'stroke-linejoin="round"' + (f' stroke-dasharray="{dash}"' if dash else ""))
         self.parts.append(s + (f"><title>{esc(title)}</title></polyline>" if title else "/>"))
 
+    def circle(self, cx, cy, r, fill, title: str | None = None):
+        s = f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:g}" fill="{fill}"'
+        self.parts.append(s + (f"><title>{esc(title)}</title></circle>" if title else "/>"))
+
     def polygon(self, points, fill, title: str | None = None):
         pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
         s = f'<polygon points="{pts}" fill="{fill}"'

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+SAGEMAKER = "SageMaker Debugger"
+NVIDIA_STRAGGLER = "NVIDIA Resiliency Extension, straggler detection"
+
+
 @dataclass(frozen=True)
 class Threshold:
     default: float
@@ -15,6 +19,7 @@ class Threshold:
     minimum: float = 0.0
     maximum: float = math.inf
     integer: bool = False
+    source: str = ""  # where the default comes from, when it is another tool's
 
 
 THRESHOLDS: dict[str, Threshold] = {
@@ -46,6 +51,47 @@ THRESHOLDS: dict[str, Threshold] = {
     "runnable_per_cpu": Threshold(
         1.0, "median runnable tasks per CPU above which a saturated host is oversubscribed "
         "(tasks wait for a core)"),
+    "straggler_score_low": Threshold(
+        0.75, "a rank whose straggler score (the fastest rank's median own work per step over its "
+        "own, per interval) is below this is named", 0, 1,
+        source=f"{NVIDIA_STRAGGLER}: identify_stragglers(), relative thresholds"),
+    "straggler_score_interval_steps": Threshold(
+        50, "steps per straggler-score interval", 1, integer=True),
+    "step_outlier_stddev": Threshold(
+        3, "a step longer than the rank's mean step plus this many standard deviations is an "
+        "outlier", 0, source=f"{SAGEMAKER} StepOutlier: stddev"),
+    "step_outlier_count": Threshold(
+        10, "a rank with more outlier steps than this has step outliers", 0, integer=True,
+        source=f"{SAGEMAKER} StepOutlier: n_outliers"),
+    "step_outlier_min_steps": Threshold(
+        101, "fewest steps (after warm-up) for the step-outlier rule to judge", 2, integer=True,
+        source=f"{SAGEMAKER} StepOutlier: judges more than 100 steps"),
+    "max_initialization_minutes": Threshold(
+        20, "minutes from the start of a rank's process to its first step above which "
+        "initialization is too long", 0, source=f"{SAGEMAKER} MaxInitializationTime: threshold"),
+    "min_samples": Threshold(
+        10, "fewest system samples (after warm-up) for the sample-based rules to judge a rank",
+        1, integer=True),
+    "gpu_memory_increase_pct": Threshold(
+        5, "growth of GPU memory in use, in percent of the device's memory, from one window of "
+        "samples to the next, above which GPU memory is increasing", 0, 100,
+        source=f"{SAGEMAKER} GPUMemoryIncrease: increase"),
+    "gpu_memory_window": Threshold(
+        10, "samples per window of the GPU-memory-increase rule", 1, integer=True,
+        source=f"{SAGEMAKER} GPUMemoryIncrease: window"),
+    "io_wait_high_pct": Threshold(
+        50, "machine CPU time waiting for I/O, in percent, above which a sample counts as "
+        "waiting for I/O", 0, 100, source=f"{SAGEMAKER} IOBottleneck: io_threshold"),
+    "io_gpu_low_pct": Threshold(
+        10, "GPU utilization below which a sample waiting for I/O starves the GPU", 0, 100,
+        source=f"{SAGEMAKER} IOBottleneck: gpu_threshold"),
+    "io_bottleneck_fraction": Threshold(
+        0.5, "fraction of a rank's samples that must be I/O bottlenecks (high I/O wait, idle GPU) "
+        "for the rule to fire", 0, 1, source=f"{SAGEMAKER} IOBottleneck: threshold (50%)"),
+    "load_balancing_distance": Threshold(
+        0.5, "Jensen-Shannon distance between the utilization histograms of two GPUs of a host "
+        "above which their load is unbalanced", 0, 1,
+        source=f"{SAGEMAKER} LoadBalancing: threshold"),
 }
 
 
@@ -103,4 +149,5 @@ def load(file: Path | None, assignments: list[str]) -> dict[str, float]:
 def describe() -> str:
     width = max(map(len, THRESHOLDS))
     return "\n".join(f"{name:<{width}}  {t.default:<6g} {t.meaning}"
+                     + (f" (default from {t.source})" if t.source else "")
                      for name, t in THRESHOLDS.items())
