@@ -674,6 +674,24 @@ TEST_CASE("shutdown") {
   }
 }
 
+TEST_CASE("a rank that ends the job: every rank is told once, with its reason, before anything else") {
+  Coordinator c(options());
+  c.on_message(message(0, {tensor("a")}), t0);
+  c.on_message(message(1, {tensor("a")}), t0);
+  RequestMessage ending = message(2, {tensor("a")});
+  ending.fatal = "dtrain: rank 2 made an unnamed allreduce from a thread other than the one that called dtrain::init()";
+  c.on_message(ending, t0);
+  auto out = c.poll(t0);
+  REQUIRE(out);
+  CHECK(out->fatal == ending.fatal);
+  CHECK(out->responses.empty());  // 'a' is ready, but the engines stop instead of running it
+  RequestMessage again = message(1, {});
+  again.fatal = "a second reason";
+  c.on_message(again, t0);
+  auto next = c.poll(t0);
+  CHECK_FALSE((next && !next->fatal.empty()));
+}
+
 TEST_CASE("a rank that rejects its own call fails the op on every rank at once") {
   Request bad = tensor("w");
   bad.rejected = "allreduce 'w': tensor data is null but it has 5 elements";

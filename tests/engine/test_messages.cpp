@@ -68,6 +68,8 @@ TEST_CASE("every field of a request message survives the wire") {
   m.requests[1].name = "layer2.bias";
   m.cached = {4, 9, 1ull << 40};
   m.shutdown = true;
+  m.fatal = "dtrain: rank 5 made an unnamed allreduce from a thread other than the init thread";
+  m.last = true;
   CHECK(round_trip(m) == m);
   CHECK(round_trip(RequestMessage{}) == RequestMessage{});
 }

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <thread>
+#include <typeinfo>
 #include <vector>
 
 #include "engine/engine_test.hpp"
@@ -37,7 +39,7 @@ void expect(F&& call, std::initializer_list<std::string> fragments, const std::s
     for (const auto& f : fragments)
       CHECK_MESSAGE(message.find(f) != std::string::npos, "missing '" << f << "'");
   } catch (const std::exception& e) {
-    FAIL_CHECK(what << ": wrong exception type on rank " << world_rank() << ": " << e.what());
+    FAIL_CHECK(what << ": wrong exception type on rank " << world_rank() << ": " << std::string(typeid(e).name()) << ": " << std::string(e.what()));
   }
 }
 
@@ -239,36 +241,82 @@ TEST_CASE("a rank that shuts down while the others are in join() fails their joi
   check_still_works();
 }
 
-TEST_CASE("unnamed ops from two threads are refused on every rank instead of pairing wrong tensors") {
-  Initialized dt;
-  std::vector<float> main_tensor(4, 1.0f);
-  allreduce(main_tensor);  // this thread now makes the unnamed calls
-  SUBCASE("every rank uses a second thread") {
+// Note [Generated names] in runtime/engine.hpp: unnamed ops belong to the thread that called init().
+const std::string kNotInitThread = "from a thread other than the one that called dtrain::init()";
+
+// Every op on this rank now fails with a ShutdownError naming the rank that ended the job (when
+// several did, the coordinator passes on the first cause it received).
+void check_job_ended_by(std::optional<int> rank) {
+  std::vector<float> v(4, 1.0f);
+  const std::string who = rank ? fmt::format("rank {} made an unnamed allreduce", *rank)
+                               : std::string("made an unnamed allreduce");
+  expect<ShutdownError>([&] { allreduce(v, {.name = "after.the.end"}); }, {who, kNotInitThread},
+                        "an op after the job ended");
+}
+
+TEST_CASE("unnamed ops belong to the init thread: any other thread's unnamed op ends the job on every rank") {
+  SUBCASE("the init thread's unnamed ops and other threads' named ops pair up") {
+    Initialized dt;
+    std::vector<float> v(4, 1.0f);
+    allreduce(v, {.op = ReduceOp::Sum});
+    CHECK(v[0] == world_size());
     std::thread other([] {
-      std::vector<float> v(4, 1.0f);
-      expect<InvalidArgumentError>([&] { allreduce(v); }, {"second thread", "explicit names"},
-                                   "second thread");
       std::vector<float> named(4, 1.0f);
-      allreduce(named, {.op = ReduceOp::Sum, .name = "from.thread"});  // named ops are fine
+      allreduce(named, {.op = ReduceOp::Sum, .name = "from.thread"});
       CHECK(named[0] == world_size());
     });
     other.join();
+    check_still_works();
   }
-  SUBCASE("only the last rank uses a second thread") {
+  SUBCASE("two threads taking turns, in the opposite order on odd ranks: no result is wrong") {
+    // Each thread reduces a tensor filled with its own value: a result that mixes threads' tensors
+    // (A's on one rank with B's on another) is wrong. Before the rule, 400 of 400 were.
+    Initialized dt;
+    std::atomic<int> wrong{0}, refused{0}, ended{0}, completed{0};
+    auto run = [&](float value) {
+      for (int i = 0; i < 50; ++i) {
+        std::vector<float> t(16, value);
+        try {
+          allreduce(t, {.op = ReduceOp::Sum});
+          ++completed;
+          if (t[0] != value * static_cast<float>(world_size())) ++wrong;
+        } catch (const InvalidArgumentError& e) {
+          if (std::string(e.what()).find(kNotInitThread) != std::string::npos) ++refused;
+        } catch (const ShutdownError&) {
+          ++ended;
+        }
+      }
+    };
+    const bool reversed = world_rank() % 2 == 1;
+    std::thread first([&] { run(reversed ? 2.0f : 1.0f); });
+    first.join();
+    std::thread second([&] { run(reversed ? 1.0f : 2.0f); });
+    second.join();
+    CHECK(wrong == 0);
+    CHECK(completed == 0);
+    CHECK(refused == 100);  // no call from these threads is ever counted or submitted
+    check_job_ended_by(std::nullopt);
+  }
+  SUBCASE("only the last rank's unnamed op comes from another thread: the peers' op fails at once") {
+    Initialized dt;
     if (is_odd_one()) {
       std::thread other([] {
         std::vector<float> v(4, 1.0f);
-        expect<InvalidArgumentError>([&] { allreduce(v); }, {"second thread"}, "odd thread");
+        expect<InvalidArgumentError>([&] { allreduce(v); }, {kNotInitThread, "explicit names"},
+                                     "the other thread");
       });
       other.join();
     } else {
+      // The peers make the same call from their init thread: it can never pair, and fails.
       std::vector<float> v(4, 1.0f);
-      expect<InvalidArgumentError>([&] { allreduce(v); },
-                                   {fmt::format("rejected on rank {}", last_rank()), "second thread"},
-                                   "peer of the odd thread");
+      expect<ShutdownError>([&] { allreduce(v); },
+                            {fmt::format("rank {} made an unnamed allreduce", last_rank()),
+                             kNotInitThread},
+                            "the peers' op");
     }
+    check_job_ended_by(last_rank());
   }
-  // The second thread has exited: this one still owns the unnamed calls, and counts are in step.
+  Initialized again;  // the world can start over
   check_still_works();
 }
 

@@ -121,7 +121,6 @@ inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view cal
 template <class F>
 decltype(auto) checked(const NamedOp& op, F&& checks) {
   try {
-    if (op.generated) op.engine->check_unnamed_call_thread(op.kind, op.name);
     return checks();
   } catch (const InvalidArgumentError& e) {
     op.engine->reject(op.name, op.kind, e.what(), op.group);

@@ -96,6 +96,7 @@ class Coordinator {
 
   void on_message(const RequestMessage& m, Clock::time_point now) {
     const int r = m.rank;
+    if (!m.fatal.empty() && job_ending_.empty()) job_ending_ = m.fatal;
     applied_[r] = std::max(applied_[r], m.responses_applied);
     if (!m.cached.empty() || !m.requests.empty()) last_heard_[r] = now;
     for (auto id : m.cached) {
@@ -133,6 +134,11 @@ class Coordinator {
     if (pending_cache_capacity_) {
       cache_.set_capacity(*pending_cache_capacity_, msg, next_seq_);
       pending_cache_capacity_.reset();
+    }
+    if (!job_ending_.empty() && !job_end_announced_) {
+      msg.fatal = job_ending_;
+      job_end_announced_ = true;
+      return finish(std::move(msg));
     }
     check_stalls(now, msg);
     if (!msg.fatal.empty()) return finish(std::move(msg));
@@ -781,6 +787,8 @@ class Coordinator {
   std::vector<bool> shut_down_;
   int shut_down_count_ = 0;
   bool shutdown_announced_ = false;
+  std::string job_ending_;  // a rank ended the job (RequestMessage::fatal)
+  bool job_end_announced_ = false;
   std::vector<std::uint64_t> applied_;
   std::vector<Clock::time_point> last_heard_;
   ResponseCache cache_;

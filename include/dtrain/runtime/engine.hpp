@@ -121,10 +121,12 @@ class Engine {
       std::vector<std::string> hosts;
       for (int r = 0; r < size_; ++r)
         hosts.push_back(topology ? topology->host_names.at(static_cast<std::size_t>(r)) : "?");
-      monitor_.emplace(world, std::move(hosts));
+      monitor_.emplace(world, std::move(hosts),
+                       std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(agreed.peer_timeout_seconds)));
     }
     channel_.emplace(control_);
-    watchdog_.emplace(config.op_timeout_seconds, rank_, monitor_ ? &*monitor_ : nullptr,
+    watchdog_.emplace(agreed.op_timeout_seconds, rank_, monitor_ ? &*monitor_ : nullptr,
                       [this](const std::string& why) { fail_everything(why); });
     thread_ = std::thread([this] { run(); });
   }
@@ -162,30 +164,40 @@ class Engine {
 
   // Note [Generated names]
   // An op without a name is called "<kind>.<n>" after a per-kind call count, so ranks pair their
-  // n-th unnamed allreduce. That only holds while one thread makes the unnamed calls: two threads
-  // interleave differently on every rank and the ranks would pair unrelated tensors. So the first
-  // thread to make an unnamed call owns the counters until it exits, and an unnamed call from
-  // another thread in that time is an error that tells the user to name the ops. The name is still
-  // counted and submitted as rejected, so the peers fail at once and the counts stay in step.
+  // n-th unnamed allreduce. That holds only while every rank counts the same calls in the same
+  // order: one thread's program order gives that, several threads' interleaving does not (it
+  // differs from rank to rank, and so would which thread happens to call first). So unnamed calls
+  // belong to the thread that called dtrain::init(), which is the same thread of the program on
+  // every rank; other threads name their ops. An unnamed call from another thread is not counted
+  // (counting it would shift the owner's later names by a different amount on each rank) and ends
+  // the job on every rank (RequestMessage::fatal): the program expected that call to pair with
+  // one on each peer, and a peer that made it from its init thread would otherwise go on pairing
+  // its calls with unrelated ones.
   std::string generate_name(OpKind kind) {
+    if (std::this_thread::get_id() != init_thread_) {
+      const std::string why = fmt::format(
+          "dtrain: rank {} made an unnamed {} from a thread other than the one that called "
+          "dtrain::init(). Unnamed ops are paired across ranks by the order in which the init "
+          "thread makes them, so a call from another thread cannot be paired safely, and dtrain "
+          "stops on every rank. Give ops called from other threads explicit names "
+          "(AllreduceOptions::name, the name argument).",
+          rank_, kind);
+      end_job(why);
+      throw InvalidArgumentError(why);
+    }
     return fmt::format("{}.{}", kind,
                        name_counters_[static_cast<int>(kind)].fetch_add(1, std::memory_order_relaxed));
   }
-  // Throws InvalidArgumentError when another live thread makes unnamed calls (Note [Generated names]).
-  void check_unnamed_call_thread(OpKind kind, const std::string& name) {
-    thread_local const auto alive = std::make_shared<const std::thread::id>(std::this_thread::get_id());
-    std::lock_guard lock(name_owner_mutex_);
-    const auto owner = name_owner_.lock();
-    if (!owner || *owner == std::this_thread::get_id()) {
-      name_owner_ = alive;
-      return;
+
+  // Ends the job on every rank with `why` as the root cause: the coordinator hands it to every
+  // engine, which then fails all its ops with it (Note [Engine failure]).
+  void end_job(const std::string& why) noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (!fatal_.empty() || shutdown_requested_ || !job_ending_.empty()) return;
+      job_ending_ = why;
     }
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: unnamed {} ('{}' on rank {}) called from a second thread while another thread "
-        "also makes unnamed calls: generated names follow each rank's call order, which differs "
-        "between threads, so ranks would pair unrelated tensors. Give ops called from several "
-        "threads explicit names (AllreduceOptions::name, the name argument).",
-        kind, name, rank_));
+    cv_.notify_all();
   }
 
   // Submits `name` as rejected by this rank, so the peers' ops of that name fail at once instead of
@@ -426,15 +438,17 @@ class Engine {
     while (true) {
       std::vector<std::shared_ptr<Entry>> fresh;
       bool send_shutdown = false;
+      std::string ending;
       {
         std::lock_guard lock(mutex_);
         if (abandon_) return;
         fresh.swap(incoming_);
         if (shutdown_requested_ && !shutdown_sent_) send_shutdown = shutdown_sent_ = true;
+        ending.swap(job_ending_);
       }
       bool progressed = false;
-      if (!fresh.empty() || send_shutdown) {
-        send_requests(fresh, send_shutdown);
+      if (!fresh.empty() || send_shutdown || !ending.empty()) {
+        send_requests(fresh, send_shutdown, std::move(ending));
         progressed = true;
       }
       if (coordinator_) {
@@ -483,7 +497,10 @@ class Engine {
       if (auto d = coordinator_->next_deadline())
         limit = std::min(limit, std::max<Clock::duration>(*d - Clock::now(), Clock::duration::zero()));
     std::unique_lock lock(mutex_);
-    auto wake = [&] { return !incoming_.empty() || abandon_ || (shutdown_requested_ && !shutdown_sent_); };
+    auto wake = [&] {
+      return !incoming_.empty() || abandon_ || (shutdown_requested_ && !shutdown_sent_) ||
+             !job_ending_.empty();
+    };
     if (!awaiting && !coordinator_) {
       cv_.wait(lock, wake);  // nothing in flight: nothing can arrive for this rank
     } else {
@@ -491,11 +508,13 @@ class Engine {
     }
   }
 
-  void send_requests(const std::vector<std::shared_ptr<Entry>>& fresh, bool shutdown) {
+  void send_requests(const std::vector<std::shared_ptr<Entry>>& fresh, bool shutdown,
+                     std::string ending) {
     RequestMessage m;
     m.rank = rank_;
     m.responses_applied = responses_applied_;
     m.shutdown = shutdown;
+    m.fatal = std::move(ending);
     for (const auto& e : fresh) {
       const Request& q = e->request;
       if (auto id = mirror_.id_for(q)) {
@@ -548,6 +567,7 @@ class Engine {
     for (auto id : msg.cache_evictions) mirror_.evict(id);
     if (!msg.fatal.empty()) {
       fail_everything(msg.fatal);
+      settle_after_job_failure();
       return true;
     }
     for (const auto& r : msg.responses) {
@@ -555,6 +575,42 @@ class Engine {
       execute(r, arrival);
     }
     return msg.shutdown_complete;
+  }
+
+  // Note [Settling a failed job]
+  // When the coordinator ends the job (a stall shutdown, a rank that ended it), every engine stops
+  // with requests perhaps still on their way to rank 0: a rank's own reason to end the job, sent
+  // before it learnt another rank's came first. Unreceived, they outlive the control communicator,
+  // and MPI may hand its context to the next dtrain::init()'s communicator, whose coordinator
+  // would then read a stale request as new (measured: a restarted job failed with the previous
+  // job's cause). So each rank's last control message says it is the last, and rank 0 reads and
+  // drops requests until every rank's last one has come, for at most a few seconds (a rank that
+  // died or hangs does not answer).
+  void settle_after_job_failure() {
+    if (size_ == 1) return;
+    if (!coordinator_) {
+      RequestMessage last;
+      last.rank = rank_;
+      last.last = true;
+      channel_->send_request(last);
+      return;
+    }
+    std::vector<bool> heard(static_cast<std::size_t>(size_), false);
+    int missing = size_ - 1;
+    const auto deadline = Clock::now() + std::chrono::seconds(3);
+    while (missing > 0 && Clock::now() < deadline) {
+      auto m = channel_->receive_request();
+      if (!m) {
+        channel_->progress();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        continue;
+      }
+      const auto r = static_cast<std::size_t>(m->rank);
+      if (m->last && r < heard.size() && !heard[r]) {
+        heard[r] = true;
+        --missing;
+      }
+    }
   }
 
   // The debug trail (DTRAIN_LOG_LEVEL=debug): what each rank submitted and what it was told to
@@ -750,6 +806,7 @@ class Engine {
   bool abandon_ = false;
   bool thread_exited_ = false;
   std::string fatal_;
+  std::string job_ending_;  // for the coordinator: end the job on every rank (end_job)
 
   std::optional<Coordinator> coordinator_;
   std::optional<EngineAutotuner> autotuner_;      // rank 0, with DTRAIN_AUTOTUNE
@@ -779,8 +836,7 @@ class Engine {
   } op_stats_;
 
   std::optional<PeerMonitor> monitor_;
-  std::mutex name_owner_mutex_;
-  std::weak_ptr<const std::thread::id> name_owner_;  // Note [Generated names]
+  const std::thread::id init_thread_ = std::this_thread::get_id();  // Note [Generated names]
 
   std::optional<Watchdog> watchdog_;  // after everything it reads: destroyed (joined) first
   std::thread thread_;

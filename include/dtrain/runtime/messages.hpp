@@ -134,10 +134,13 @@ struct RequestMessage {
   std::vector<Request> requests;         // full descriptions (cache misses)
   std::vector<std::uint64_t> cached;     // response-cache ids standing for full descriptions
   bool shutdown = false;                 // this rank called dtrain::shutdown()
+  std::string fatal;                     // non-empty: this rank ends the job on every rank, and why
+  bool last = false;  // the job ended: this rank's engine stopped and sends nothing after this
 
   template <class Self>
   static auto tie_fields(Self& m) {
-    return std::tie(m.rank, m.responses_applied, m.requests, m.cached, m.shutdown);
+    return std::tie(m.rank, m.responses_applied, m.requests, m.cached, m.shutdown, m.fatal,
+                    m.last);
   }
   friend bool operator==(const RequestMessage&, const RequestMessage&) = default;
 };
