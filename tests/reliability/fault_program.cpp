@@ -7,6 +7,10 @@
 //   fault_program init-retry        a failed init() followed by a successful one still finalizes MPI
 //   fault_program finalize-first    MPI_Finalize() while dtrain runs
 //   fault_program timeline <path>   init() with DTRAIN_TIMELINE=<path>
+//   fault_program steps <n>         every rank runs n checked allreduce steps, reporting its pid
+//                                   and when rank 0 is at step 100 (the pause scenarios)
+//   fault_program restart <owner>   calls after shutdown() and a second init(), with MPI started
+//                                   by dtrain (owner "dtrain") or by the program ("program")
 #include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
@@ -127,6 +131,62 @@ int timeline(const std::string& path) {
   return 0;
 }
 
+int steps(int count) {
+  dtrain::init();
+  const int rank = dtrain::rank(), size = dtrain::size();
+  report("rank {} pid {}", rank, static_cast<long>(getpid()));
+  bool exact = true;
+  try {
+    for (int step = 0; step < count; ++step) {
+      if (rank == 0 && step == 100) report("rank 0 at step 100");
+      std::vector<float> v(1024, static_cast<float>(rank + 1));
+      dtrain::allreduce(v, {.op = dtrain::ReduceOp::Sum, .name = fmt::format("step.{}", step)});
+      exact = exact && v.front() == static_cast<float>(size * (size + 1) / 2) &&
+              v.back() == v.front();
+      std::this_thread::sleep_for(10ms);
+    }
+  } catch (const dtrain::Error& e) {
+    report("rank {} caught {}: {}", rank, kind_of(e), e.what());
+    std::ofstream(fmt::format("saved.{}", rank)) << "state of rank " << rank << "\n";
+    dtrain::shutdown();
+    report("rank {} saved and exits", rank);
+    return 1;
+  }
+  dtrain::shutdown();
+  report("rank {} finished {} steps, results exact: {}", rank, count, exact);
+  return exact ? 0 : 1;
+}
+
+// What an op after shutdown() and a second init() say, and whether the second init() works.
+int restart(const std::string& owner) {
+  if (owner == "program") {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  }
+  dtrain::init();
+  dtrain::shutdown();
+  std::vector<float> v(4, 1.0f);
+  try {
+    dtrain::allreduce(v);
+    report("an allreduce after shutdown() did not fail");
+    return 1;
+  } catch (const dtrain::NotInitializedError& e) {
+    report("after shutdown: {}", e.what());
+  }
+  bool restarted = false;
+  try {
+    dtrain::init();
+    dtrain::allreduce(v);
+    dtrain::shutdown();
+    restarted = true;
+  } catch (const dtrain::Error& e) {
+    report("init again: {}", e.what());
+  }
+  report("restarted: {}", restarted);
+  if (owner == "program") MPI_Finalize();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,7 +195,9 @@ int main(int argc, char** argv) {
   if (mode == "init-retry") return init_retry();
   if (mode == "finalize-first") return finalize_first();
   if (mode == "timeline" && argc == 3) return timeline(argv[2]);
+  if (mode == "restart" && argc == 3) return restart(argv[2]);
+  if (mode == "steps" && argc == 3) return steps(std::atoi(argv[2]));
   std::fprintf(stderr, "usage: fault_program loop <rank> <step> <how> | init-retry | "
-                       "finalize-first | timeline <path>\n");
+                       "finalize-first | timeline <path> | restart dtrain|program | steps <n>\n");
   return 2;
 }

@@ -8,7 +8,10 @@ Scenarios where a rank leaves or freezes run with the launcher's automatic clean
 and its host, the job must end, and its exit status must say it failed. `freeze` stops a rank
 with SIGSTOP and no op timeout: only the heartbeats can tell the survivors. `kill-autocleanup`
 and `kill-dtrainrun` show what the launchers do with a rank killed by a signal (they end the job
-at once, naming the rank). Exit status 0 means the scenario behaved as documented.
+at once, naming the rank). `pause-all`, `pause-one` and `pause-one-no-timeout` stop ranks with
+SIGSTOP for longer than the peer timeout and resume them (docs/reliability.md, "A pause is not a
+death"): all ranks together must carry on; one rank alone is lost, unless the peer timeout is off.
+Exit status 0 means the scenario behaved as documented.
 """
 import argparse
 import os
@@ -17,9 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 DEADLINE_S = 90  # the whole scenario; dtrain's own bound is documented as about 25 s
+PAUSE_S = 8      # longer than PAUSE_PEER_TIMEOUT_S: silence that would end the job if counted
+PAUSE_PEER_TIMEOUT_S = 3
 
 
 def run(cmd, env, cwd):
@@ -61,6 +67,55 @@ def check_survivors(out, np, dead, fragments, error_class="ShutdownError"):
             fail(f"rank {rank} could not save and exit after the error")
 
 
+def run_paused(cmd, env, cwd, np, paused_ranks):
+    """Runs `cmd` (a `steps` job), stops `paused_ranks` with SIGSTOP for PAUSE_S once rank 0 is at
+    step 100, resumes them, and returns (exit status, output). A rank still stopped when the job's
+    survivors have finished is killed."""
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, pids = [], {}
+    start = time.monotonic()
+
+    def signal_all(sig):
+        for r in paused_ranks:
+            try:
+                os.kill(pids[r], sig)
+            except ProcessLookupError:
+                pass
+    paused = False
+    resume_at = 0.0
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"fault-report: rank (\d+) pid (\d+)", line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+        if "rank 0 at step 100" in line and not paused:
+            if set(paused_ranks) - set(pids):
+                fail(f"no pid reported by ranks {sorted(set(paused_ranks) - set(pids))}")
+            signal_all(signal.SIGSTOP)
+            paused = True
+            print(f"stopped ranks {paused_ranks} for {PAUSE_S} s")
+            # The survivors' reports arrive while the ranks are stopped; keep reading them.
+            resume_at = time.monotonic() + PAUSE_S
+            threading.Timer(PAUSE_S, signal_all, args=(signal.SIGCONT,)).start()
+        if time.monotonic() - start > DEADLINE_S:
+            signal_all(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
+        if len(paused_ranks) < np and sum("saved and exits" in l for l in lines) == np - len(paused_ranks):
+            time.sleep(max(0.0, resume_at - time.monotonic()) + 1)
+            signal_all(signal.SIGKILL)
+            break
+    try:
+        rest, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rest, _ = proc.communicate()
+    if not paused:
+        fail("rank 0 never reached step 100")
+    return proc.returncode, "".join(lines) + rest
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mpiexec", required=True)
@@ -91,15 +146,26 @@ def main():
                 fail("the launcher reported success for a job that lost a rank")
             print(f"measured: job ended {took:.1f} s after it started (the rank died at step 20, "
                   f"about 0.1 s in); launcher exit status {rc}")
-        elif s in ("stop", "freeze"):
+        elif s in ("stop", "freeze", "stop-timeout-of-rank0"):
             # stop: the op timeout ends the frozen collective. freeze: no op timeout, so the
             # survivors learn of the frozen rank from its missing heartbeats alone.
-            env["DTRAIN_OP_TIMEOUT_SECONDS"] = "2" if s == "stop" else "0"
+            # stop-timeout-of-rank0: only rank 0 sets the 2 s timeout, the others none; every
+            # rank's watchdog must enforce rank 0's value (Note [Agreed settings]).
+            env["DTRAIN_OP_TIMEOUT_SECONDS"] = "0" if s == "freeze" else "2"
+            env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "10"
+            loop_args = [args.program, "loop", str(dead), "5", "stop"]
+            if s == "stop-timeout-of-rank0":
+                env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "0"  # only the op timeout can end the wait
+                keep_survivors = ([args.mpiexec, "-disable-auto-cleanup", "-n", "1", "-env",
+                                   "DTRAIN_OP_TIMEOUT_SECONDS", "2"] + loop_args +
+                                  [":", "-n", str(np - 1), "-env", "DTRAIN_OP_TIMEOUT_SECONDS",
+                                   "0"] + loop_args)
+                loop_args = []
             proc_out = []
             # The frozen rank never exits on its own: run in the background and end it once the
             # survivors have reported.
             start = time.monotonic()
-            proc = subprocess.Popen(keep_survivors + ["loop", str(dead), "5", "stop"], env=env,
+            proc = subprocess.Popen(keep_survivors + loop_args, env=env,
                                     cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True)
             pid = None
@@ -128,7 +194,7 @@ def main():
                 rest, _ = proc.communicate()
             out = "".join(proc_out) + rest
             print(out)
-            if s == "stop":
+            if s != "freeze":
                 check_survivors(out, np, dead, ["'big'", "DTRAIN_OP_TIMEOUT_SECONDS"],
                                 "TimeoutError")
                 print(f"measured: every survivor had its error, saved and exited {took:.1f} s "
@@ -137,6 +203,25 @@ def main():
                 check_survivors(out, np, dead, [f"rank {dead} on host {host} stopped responding"])
                 print(f"measured: every survivor had its error, saved and exited {took:.1f} s "
                       "after the job started")
+        elif s in ("pause-all", "pause-one", "pause-one-no-timeout"):
+            env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "0" if s == "pause-one-no-timeout" else str(PAUSE_PEER_TIMEOUT_S)
+            paused = list(range(np)) if s == "pause-all" else [dead]
+            cmd = [args.mpiexec, "-disable-auto-cleanup", "-n", str(np), args.program, "steps", "400"]
+            rc, out = run_paused(cmd, env, work, np, paused)
+            print(out)
+            if s == "pause-one":
+                check_survivors(out, np, dead, [f"rank {dead} on host {host} stopped responding",
+                                                "DTRAIN_PEER_TIMEOUT_SECONDS"])
+                if rc == 0:
+                    fail("the launcher reported success for a job that lost a rank")
+            else:
+                for rank in range(np):
+                    if f"rank {rank} finished 400 steps, results exact: true" not in out:
+                        fail(f"rank {rank} did not finish every step with exact results")
+                if rc != 0:
+                    fail(f"the job carried on but exited with status {rc}")
+            print(f"measured: {s} with a {PAUSE_S} s pause under a "
+                  f"{env['DTRAIN_PEER_TIMEOUT_SECONDS']} s peer timeout: exit status {rc}")
         elif s == "kill-autocleanup":
             rc, out, took = run([args.mpiexec, "-n", str(np), args.program, "loop", str(dead),
                                  "20", "kill"], env, work)

@@ -87,6 +87,8 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return c.profile_interval_ms == 100; }, {"0", "-5"}},
       {"OP_TIMEOUT_SECONDS", [](const Config& c) { return c.op_timeout_seconds == 600; }, "0",
        [](const Config& c) { return c.op_timeout_seconds == 0; }, {"-3", "1e10", "forever", "0.5"}},
+      {"PEER_TIMEOUT_SECONDS", [](const Config& c) { return c.peer_timeout_seconds == 60; }, "0",
+       [](const Config& c) { return c.peer_timeout_seconds == 0; }, {"-1", "1.5", "never", "inf"}},
       {"MPI_CHUNK_BYTES", [](const Config& c) { return c.mpi_chunk_bytes == 16777216; }, "4K",
        [](const Config& c) { return c.mpi_chunk_bytes == 4096; }, {"4095", "2G", "0"}},
       {"FUSION_PIPELINE", [](const Config& c) { return c.fusion_pipeline; }, "off",
@@ -118,7 +120,7 @@ TEST_CASE("the test table covers every setting") {
   std::set<std::string> tested;
   for (const KnobCase& k : knob_cases()) tested.insert(k.suffix);
   CHECK(known == tested);
-  CHECK(known.size() == 25);
+  CHECK(known.size() == 26);
 }
 
 TEST_CASE("an empty environment gives the documented defaults, which validate") {
@@ -200,6 +202,10 @@ TEST_CASE("error messages say what was wrong and what is accepted") {
   CHECK(contains(error_of(MapEnv{{"DTRAIN_STALL_CHECK_TIME_SECONDS", "1e-6"}}),
                  "DTRAIN_STALL_CHECK_TIME_SECONDS=\"1e-6\" is out of range: expected seconds as a "
                  "decimal of at least 1"));
+  // Heartbeats go out once a second: a shorter peer timeout would lose peers to one late beat.
+  CHECK(error_of(MapEnv{{"DTRAIN_PEER_TIMEOUT_SECONDS", "1"}}) ==
+        "DTRAIN_PEER_TIMEOUT_SECONDS=\"1\" is out of range: expected seconds as a decimal, 0 to "
+        "never declare a silent peer lost, or at least 2, e.g. 60");
   CHECK(contains(error_of(MapEnv{{"DTRAIN_OP_TIMEOUT_SECONDS", "2e9"}}),
                  "is too large (the limit is 1000000000)"));
 }

@@ -46,6 +46,7 @@ struct Config {
   double profile_interval_ms = 500;                  // DTRAIN_PROFILE_INTERVAL_MS
   // dtrain additions (not in Horovod):
   double op_timeout_seconds = 600;                   // DTRAIN_OP_TIMEOUT_SECONDS; 0 = no deadline
+  double peer_timeout_seconds = 60;                  // DTRAIN_PEER_TIMEOUT_SECONDS; 0 = never
   std::int64_t mpi_chunk_bytes = 16777216;           // DTRAIN_MPI_CHUNK_BYTES
   bool fusion_pipeline = true;                       // DTRAIN_FUSION_PIPELINE
   std::string host_id;                               // DTRAIN_HOST_ID; empty = real host name
@@ -159,6 +160,12 @@ void for_each_knob(Visitor&& visit) {
   visit(FloatKnob{"OP_TIMEOUT_SECONDS", "op_timeout_seconds", &Config::op_timeout_seconds, 0,
                   false, float_knob_max,
                   "seconds as a decimal, 0 for no deadline or at least 1, e.g. 600", 1});
+  // Heartbeats go out once a second: under two seconds, one late heartbeat would lose a peer.
+  visit(FloatKnob{"PEER_TIMEOUT_SECONDS", "peer_timeout_seconds", &Config::peer_timeout_seconds,
+                  0, false, float_knob_max,
+                  "seconds as a decimal, 0 to never declare a silent peer lost, or at least 2, "
+                  "e.g. 60",
+                  2});
   visit(IntKnob<std::int64_t>{"MPI_CHUNK_BYTES", "mpi_chunk_bytes", &Config::mpi_chunk_bytes,
                               4096, std::int64_t{1} << 30,
                               "bytes from 4096 (4K) to 1073741824 (1G) with an optional K, M or "

@@ -9,11 +9,14 @@
 // some ranks is an error on every rank that names the variable, the values and the ranks; a verdict
 // derived from local facts (cores) becomes one verdict for all (reduce in place only if every rank
 // can). Settings that only rank 0 reads, because it negotiates (fusion threshold, cycle time,
-// response cache, stall checks, the op timeout), take rank 0's value; a rank that set another gets
-// a warning, since its value is ignored.
+// response cache, stall checks) take rank 0's value; so do the deadlines every rank's watchdog
+// enforces (the op timeout, the peer timeout), which init() hands from rank 0 to every rank, so a
+// job has one deadline whatever each rank's environment said. A rank that set another value gets a
+// warning, since its value is ignored.
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <string_view>
@@ -33,11 +36,15 @@ inline constexpr std::string_view kSettingsAllMustShare[] = {
 // Settings only the coordinator (rank 0) uses.
 inline constexpr std::string_view kSettingsOfRankZero[] = {
     "FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "STALL_CHECK_DISABLE",
-    "STALL_CHECK_TIME_SECONDS", "STALL_SHUTDOWN_TIME_SECONDS", "OP_TIMEOUT_SECONDS"};
+    "STALL_CHECK_TIME_SECONDS", "STALL_SHUTDOWN_TIME_SECONDS", "OP_TIMEOUT_SECONDS",
+    "PEER_TIMEOUT_SECONDS"};
 
 // What every rank decided together.
 struct AgreedSettings {
   bool direct_segments = false;  // Note [Direct segments]
+  // Rank 0's deadlines, which every rank's watchdog enforces.
+  double op_timeout_seconds = 0;
+  double peer_timeout_seconds = 0;
   std::string error;             // non-empty: ranks disagree; init must fail on every rank
   std::vector<std::string> warnings;
 };
@@ -109,6 +116,13 @@ inline AgreedSettings agree_on_settings(const Config& config, bool direct_segmen
     views.push_back(agreement::parse(std::string_view(all).substr(offsets[r], lengths[r])));
 
   AgreedSettings out;
+  // describe() wrote the shortest text that reads back as the same double.
+  const auto rank_zero_seconds = [&](const std::string& key, double fallback) {
+    auto it = views.front().find(key);
+    return it == views.front().end() ? fallback : std::strtod(it->second.c_str(), nullptr);
+  };
+  out.op_timeout_seconds = rank_zero_seconds("OP_TIMEOUT_SECONDS", config.op_timeout_seconds);
+  out.peer_timeout_seconds = rank_zero_seconds("PEER_TIMEOUT_SECONDS", config.peer_timeout_seconds);
   out.direct_segments = std::all_of(views.begin(), views.end(), [](const auto& v) {
     auto it = v.find("direct_segments");
     return it != v.end() && it->second == "1";
@@ -135,8 +149,8 @@ inline AgreedSettings agree_on_settings(const Config& config, bool direct_segmen
   for (std::string_view key : kSettingsOfRankZero)
     if (differs(key))
       out.warnings.push_back(fmt::format(
-          "dtrain: {}{} differs across ranks ({}); rank 0 negotiates every op, so its value "
-          "applies and the others are ignored",
+          "dtrain: {}{} differs across ranks ({}); rank 0's value applies to the whole job "
+          "and the others are ignored",
           env_prefix, key, agreement::values_by_rank(views, std::string(key))));
   return out;
 }

@@ -6,18 +6,28 @@
 // -disable-auto-cleanup`) leaves them blocked. So every rank exchanges heartbeats on a
 // communicator of its own, from the watchdog thread, independently of the engine thread (which may
 // be blocked inside a collective): each rank sends one to rank 0 every kHeartbeatPeriod, and rank 0
-// one to every rank. Rank 0 declares a rank dead after kPeerSilence without a heartbeat and tells
-// the others; the others declare rank 0 dead after the same silence. A rank that leaves main()
-// without dtrain::shutdown() tells everyone before it exits. Each survivor then fails its ops with
-// a ShutdownError naming the rank and its host, and ends its process kExitGrace later if the
-// program has not ended it by then (it may be blocked in its own MPI call with the dead rank), so
-// a dead rank ends the job everywhere within kPeerSilence + kExitGrace (about 25 s).
+// one to every rank. Rank 0 declares a rank lost after DTRAIN_PEER_TIMEOUT_SECONDS without a
+// heartbeat and tells the others; the others declare rank 0 lost after the same silence. Every
+// rank uses rank 0's value (Note [Agreed settings]); 0 turns the check off. A rank that leaves
+// main() without dtrain::shutdown() tells everyone before it exits, whatever the setting. Each
+// survivor then fails its ops with a ShutdownError naming the rank and its host, and ends its
+// process kExitGrace later if the program has not ended it by then (it may be blocked in its own
+// MPI call with the lost rank), so a lost rank ends the job everywhere within the peer timeout +
+// kExitGrace.
+//
+// Silence is counted in the watcher's own running time. A process that was itself stopped (SIGSTOP,
+// a debugger, Ctrl-Z, SLURM suspend, a VM pause, heavy swapping) heard nothing because it was not
+// running, not because its peers died: the watchdog notices the gap between its own wake-ups and
+// does not count it (Watchdog::run). So a job whose ranks are all stopped and resumed together
+// carries on; a rank stopped alone looks, to the others, exactly like a frozen one, and is lost
+// after the peer timeout (docs/reliability.md says what to set while debugging).
 //
 // Sends never wait for a peer: a heartbeat is skipped while the previous one to the same peer has
 // not completed, so nothing piles up behind a dead rank; a death notice has a slot of its own and
 // goes out once.
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -35,12 +45,12 @@ class PeerMonitor {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr auto kHeartbeatPeriod = std::chrono::seconds(1);
-  static constexpr auto kPeerSilence = std::chrono::seconds(10);
   static constexpr auto kExitGrace = std::chrono::seconds(15);
 
-  // `hosts[r]` names rank r's host, for the reports.
-  PeerMonitor(MPI_Comm world, std::vector<std::string> hosts)
-      : hosts_(std::move(hosts)) {
+  // `hosts[r]` names rank r's host, for the reports. `silence`: how long a peer may go unheard
+  // before it is lost; zero: never (heartbeats are then neither sent nor checked).
+  PeerMonitor(MPI_Comm world, std::vector<std::string> hosts, Clock::duration silence)
+      : hosts_(std::move(hosts)), silence_(silence) {
     mpi_check(MPI_Comm_dup(world, &comm_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -72,10 +82,15 @@ class PeerMonitor {
   int size() const noexcept { return size_; }
 
   // Sends due heartbeats and reads what arrived. Returns the report when a peer is gone (once).
-  std::optional<std::string> tick(Clock::time_point now) {
+  // `paused`: how long this process itself was not running since the last tick; not counted as
+  // the peers' silence (Note [Peer liveness]).
+  std::optional<std::string> tick(Clock::time_point now, Clock::duration paused = {}) {
     std::lock_guard lock(mutex_);
     if (size_ < 2 || reported_ || comm_ == MPI_COMM_NULL) return std::nullopt;
-    if (now - last_sent_ >= kHeartbeatPeriod) {
+    if (paused > Clock::duration::zero())
+      for (auto& heard : last_heard_) heard = std::min(now, heard + paused);
+    const bool watching = silence_ > Clock::duration::zero();
+    if (watching && now - last_sent_ >= kHeartbeatPeriod) {
       last_sent_ = now;
       if (rank_ == 0) {
         for (int r = 1; r < size_; ++r) send(heartbeats_, r, "H");
@@ -84,13 +99,16 @@ class PeerMonitor {
       }
     }
     if (auto notice = receive(now)) return report(*notice);
+    if (!watching) return std::nullopt;
     // Rank 0 watches everyone; the others watch rank 0, which tells them about the rest.
     for (int r = 0; r < size_; ++r) {
       if (r == rank_ || (rank_ != 0 && r != 0)) continue;
-      if (now - last_heard_[static_cast<std::size_t>(r)] < kPeerSilence) continue;
+      if (now - last_heard_[static_cast<std::size_t>(r)] < silence_) continue;
       const std::string why = fmt::format(
-          "dtrain: rank {} on host {} stopped responding: no heartbeat for {} s. It died (killed, "
-          "crashed, out of memory) or is frozen; the job cannot continue.",
+          "dtrain: rank {} on host {} stopped responding: no heartbeat for {} s "
+          "(DTRAIN_PEER_TIMEOUT_SECONDS). It died (killed, crashed, out of memory), is frozen, or "
+          "was stopped (a debugger, SIGSTOP); the job cannot continue. While debugging, set "
+          "DTRAIN_PEER_TIMEOUT_SECONDS=0.",
           r, host(r),
           std::chrono::duration_cast<std::chrono::seconds>(now - last_heard_[static_cast<std::size_t>(r)]).count());
       if (rank_ == 0)
@@ -173,6 +191,7 @@ class PeerMonitor {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   std::vector<std::string> hosts_;
+  const Clock::duration silence_;
   std::vector<Clock::time_point> last_heard_;
   std::mutex mutex_;  // the watchdog ticks; a thread leaving main() announces its exit
   std::vector<Send> heartbeats_;

@@ -78,9 +78,21 @@ class Watchdog {
     auto period = std::chrono::duration_cast<Clock::duration>(PeerMonitor::kHeartbeatPeriod);
     if (op_timeout_seconds_ > 0) period = std::min<Clock::duration>(period, timeout / 4);
     std::optional<Clock::time_point> lost_at;
+    auto last_wake = Clock::now();
     std::unique_lock lock(mutex_);
     while (!cv_.wait_for(lock, period, [&] { return stop_; })) {
       const auto now = Clock::now();
+      // Woken much later than asked: this process was not running (stopped, or starved of CPU).
+      // That time is nobody's silence and no op's fault (Note [Peer liveness]).
+      const auto overslept = now - last_wake - period;
+      last_wake = now;
+      const auto paused = overslept > kOwnPauseAtLeast ? overslept : Clock::duration::zero();
+      if (paused > Clock::duration::zero()) {
+        if (!executing_.empty()) started_ += paused;
+        log(LogLevel::info, "dtrain: rank {} was not running for {:.1f} s (stopped or starved of "
+            "CPU); that time is not counted against its peers or its op", rank_,
+            std::chrono::duration<double>(paused).count());
+      }
       if (op_timeout_seconds_ > 0 && !executing_.empty() && now - started_ >= timeout &&
           !timed_out_) {
         timed_out_ = true;
@@ -97,7 +109,7 @@ class Watchdog {
       }
       if (monitor_ && !lost_at) {
         lock.unlock();
-        auto lost = monitor_->tick(now);
+        auto lost = monitor_->tick(now, paused);
         lock.lock();
         if (lost) {
           lost_at = now;
@@ -128,6 +140,10 @@ class Watchdog {
       for (auto& e : *owned_)
         if (e) e->state->complete(error);
   }
+
+  // A wake-up this much later than asked means the process did not run: scheduling delays on a
+  // busy machine stay well below it.
+  static constexpr auto kOwnPauseAtLeast = std::chrono::seconds(1);
 
   const double op_timeout_seconds_;
   const int rank_;
