@@ -48,6 +48,7 @@ struct Lifecycle {
   std::shared_ptr<Runtime> running;
   State state = State::never_initialized;
   bool mpi_initialized_by_dtrain = false;  // survives a failed init, so a retry still finalizes
+  bool mpi_finalized_by_dtrain = false;    // shutdown() ended MPI: dtrain cannot start again here
   int finalize_keyval = MPI_KEYVAL_INVALID;
   bool exit_hook_installed = false;
 };
@@ -63,15 +64,31 @@ inline std::shared_ptr<Runtime> running_runtime() {
   return l.running;
 }
 
+// What a program can do once dtrain has shut down: MPI can start only once per process.
+inline std::string restart_advice(const Lifecycle& l) {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (l.mpi_finalized_by_dtrain)
+    return "Make the call before shutdown(). dtrain cannot start again in this process: it had "
+           "initialized MPI, so shutdown() also finalized it, and MPI cannot be initialized twice "
+           "in one process. To stop and restart dtrain within one process, initialize MPI "
+           "yourself (MPI_Init_thread with MPI_THREAD_MULTIPLE) before the first dtrain::init() "
+           "and finalize it after the last dtrain::shutdown().";
+  if (finalized)
+    return "Make the call before shutdown(). dtrain cannot start again in this process: MPI has "
+           "been finalized.";
+  return "Make the call before shutdown(), or call dtrain::init() again first (MPI is still "
+         "initialized, so dtrain can start again).";
+}
+
 inline std::shared_ptr<Runtime> runtime(std::string_view caller) {
   auto& l = lifecycle();
   std::lock_guard lock(l.slot_mutex);
   if (l.running) return l.running;
   if (l.state == State::shut_down)
     throw NotInitializedError(fmt::format(
-        "dtrain::{}() was called after dtrain::shutdown(): dtrain is no longer running. Call it "
-        "before shutdown(), or call dtrain::init() again first",
-        caller));
+        "dtrain::{}() was called after dtrain::shutdown(): dtrain is no longer running. {}",
+        caller, restart_advice(l)));
   throw NotInitializedError(fmt::format(
       "dtrain::{}() was called before dtrain::init(): call dtrain::init() (or create a "
       "dtrain::Session) at the start of main(), before any other dtrain call",
@@ -150,9 +167,16 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
 
   int finalized = 0;
   MPI_Finalized(&finalized);
+  if (finalized && l.mpi_finalized_by_dtrain)
+    throw Error("dtrain::init(): dtrain cannot start again in this process: it had initialized "
+                "MPI, so dtrain::shutdown() also finalized it, and MPI cannot be initialized twice "
+                "in one process. To stop and restart dtrain within one process, initialize MPI "
+                "yourself (MPI_Init_thread with MPI_THREAD_MULTIPLE) before the first "
+                "dtrain::init() and finalize it after the last dtrain::shutdown().");
   if (finalized)
-    throw Error("dtrain::init(): MPI has already been finalized in this process and cannot be "
-                "initialized again; call dtrain::init() before MPI_Finalize()");
+    throw Error("dtrain::init(): MPI has already been finalized in this process (MPI_Finalize() "
+                "was called) and cannot be initialized again; call dtrain::init() before "
+                "MPI_Finalize()");
   auto rt = std::make_shared<Runtime>();
   rt->config = config;
   int initialized = 0, provided = 0;
@@ -264,6 +288,7 @@ inline void shutdown_impl(bool inside_mpi_finalize) {
   if (rt->owns_mpi) {
     MPI_Finalize();
     l.mpi_initialized_by_dtrain = false;
+    l.mpi_finalized_by_dtrain = true;
   }
 }
 
