@@ -2,6 +2,7 @@
 // skipping of truncated, corrupted and foreign files (with a warning naming each), item errors,
 // and that save() copies the state before it returns while the file is written in the background.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <filesystem>
@@ -161,6 +162,48 @@ TEST_CASE("checkpoint: keeps the newest keep_last checkpoints; 0 keeps every one
                        doctest::Contains("keep_last = -1"), dtrain::InvalidArgumentError);
   CHECK_THROWS_WITH_AS(dtrain::Checkpoint(dtrain::CheckpointOptions{}),
                        doctest::Contains("directory is empty"), dtrain::InvalidArgumentError);
+}
+
+TEST_CASE("checkpoint: a directory, a FIFO or a dangling link named like a checkpoint is skipped, not read") {
+  // A directory reports a huge size on ext4 (reading it threw std::bad_alloc); opening a FIFO blocks
+  // until a writer comes (restore() hung on rank 0 while the others waited for it).
+  dtrain::init();
+  SharedTempDir dir;
+  {
+    dtrain::Checkpoint c(options_for(dir, 0));
+    save_steps(c, {1, 2});
+  }
+  fs::create_directory(dir / file_name(7));
+  REQUIRE(::mkfifo((dir / file_name(6)).c_str(), 0600) == 0);
+  fs::create_symlink(dir / "nowhere", dir / file_name(5));
+  fs::rename(dir / file_name(2), dir / "kept-elsewhere");
+  fs::create_symlink(dir / "kept-elsewhere", dir / file_name(2));  // a link to a checkpoint counts
+  {
+    dtrain::test::LogCapture log(dtrain::LogLevel::warning);
+    dtrain::Checkpoint c(options_for(dir, 0));
+    const auto restored = c.restore();
+    REQUIRE(restored.has_value());
+    CHECK(restored->file() == dir / file_name(2));
+    CHECK(restored->step() == 2);
+    const auto path = [&](std::int64_t s) { return (dir / file_name(s)).string(); };
+    CHECK(log.count({"skipping", path(7), "is a directory"}) == 1);
+    CHECK(log.count({"skipping", path(6), "is a FIFO"}) == 1);
+    CHECK(log.count({"skipping", path(5), "a symbolic link to nothing"}) == 1);
+    CHECK(log.count({"skipping"}) == 3);
+  }
+  // Not the checkpoint's own files: left where they are, and never pruned.
+  CHECK(fs::is_directory(dir / file_name(7)));
+  CHECK(fs::is_fifo(dir / file_name(6)));
+  {
+    dtrain::Checkpoint c(options_for(dir, 1));
+    save_steps(c, {8});
+  }
+  CHECK(steps_in(dir.path()) == std::vector<std::int64_t>{8});
+  CHECK(fs::is_directory(dir / file_name(7)));
+  CHECK(fs::is_fifo(dir / file_name(6)));
+  std::vector<char> bytes;
+  CHECK(dtrain::detail::read_file_bytes(dir / file_name(6), bytes) == "is not a regular file");
+  CHECK(dtrain::detail::read_file_bytes(dir / file_name(7), bytes) == "is not a regular file");
 }
 
 TEST_CASE("checkpoint: truncated, corrupted and foreign files are skipped with a warning naming them") {

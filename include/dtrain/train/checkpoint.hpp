@@ -457,7 +457,11 @@ class Checkpoint {
 
   // Rank 0: the verdict restore() broadcasts, and the chosen file's bytes.
   std::pair<std::string, std::string> choose(std::vector<char>& bytes) const {
-    const auto files = detail::list_checkpoint_files(options_.directory);
+    std::vector<detail::SkippedCheckpointEntry> skipped;
+    const auto files = detail::list_checkpoint_files(options_.directory, &skipped);
+    for (const auto& entry : skipped)
+      detail::log(LogLevel::warning, "dtrain: skipping {}: it is named like a checkpoint but is {}",
+                  entry.path.string(), entry.what);
     for (auto it = files.rbegin(); it != files.rend(); ++it) {
       detail::CheckpointRecord record;
       std::string why = detail::read_file_bytes(it->path, bytes);

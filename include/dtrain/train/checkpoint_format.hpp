@@ -13,13 +13,17 @@
 // serialization]), so a checkpoint is read back by the same program on the same kind of machine.
 // A file is valid when its magic, version, probe, length and checksum all agree; anything else is
 // reported with the first thing that disagrees, which is what the warning on a skipped file says.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <span>
 #include <string>
@@ -208,29 +212,75 @@ struct CheckpointFile {
   std::filesystem::path path;
 };
 
-// Checkpoint files in `directory`, oldest step first; none if the folder does not exist.
-inline std::vector<CheckpointFile> list_checkpoint_files(const std::filesystem::path& directory) {
+// What a non-regular entry is, for the warning that skips it.
+inline std::string_view describe_file_type(std::filesystem::file_type t) {
+  using std::filesystem::file_type;
+  switch (t) {
+    case file_type::directory: return "a directory";
+    case file_type::fifo: return "a FIFO";
+    case file_type::socket: return "a socket";
+    case file_type::block: return "a block device";
+    case file_type::character: return "a character device";
+    case file_type::not_found: return "a symbolic link to nothing";
+    default: return "not a regular file";
+  }
+}
+
+struct SkippedCheckpointEntry {
+  std::filesystem::path path;
+  std::string_view what;  // describe_file_type
+};
+
+// Checkpoint files in `directory`, oldest step first; none if the folder does not exist. Only
+// regular files (or links to them) count: an entry that only has a checkpoint's name (a directory,
+// a FIFO, whose read would block) is left out, and reported in `skipped` when given.
+inline std::vector<CheckpointFile> list_checkpoint_files(
+    const std::filesystem::path& directory, std::vector<SkippedCheckpointEntry>* skipped = nullptr) {
   std::vector<CheckpointFile> files;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(directory, ec), end; !ec && it != end;
        it.increment(ec)) {
-    if (const auto step = checkpoint_step_of(it->path().filename().string()))
-      files.push_back({*step, it->path()});
+    const auto step = checkpoint_step_of(it->path().filename().string());
+    if (!step) continue;
+    std::error_code status_ec;
+    const auto type = std::filesystem::status(it->path(), status_ec).type();
+    if (type != std::filesystem::file_type::regular) {
+      if (skipped) skipped->push_back({it->path(), describe_file_type(type)});
+      continue;
+    }
+    files.push_back({*step, it->path()});
   }
   std::sort(files.begin(), files.end(),
             [](const CheckpointFile& a, const CheckpointFile& b) { return a.step < b.step; });
   return files;
 }
 
-// The whole file, or the reason it cannot be read.
+// The whole file, or the reason it cannot be read. Opened without blocking and checked to be a
+// regular file once open, so an entry swapped for a FIFO after the folder was listed cannot block.
 inline std::string read_file_bytes(const std::filesystem::path& path, std::vector<char>& bytes) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) return "cannot be opened";
-  const auto size = static_cast<std::size_t>(in.tellg());
-  bytes.resize(size);
-  in.seekg(0);
-  if (size > 0 && !in.read(bytes.data(), static_cast<std::streamsize>(size)))
-    return "cannot be read";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return fmt::format("cannot be opened ({})", std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return fmt::format("cannot be examined ({})", std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  const auto size = static_cast<std::size_t>(st.st_size);
+  try {
+    bytes.resize(size);
+  } catch (const std::bad_alloc&) {
+    return fmt::format("is too large to read into memory ({} bytes)", size);
+  }
+  std::size_t at = 0;
+  while (at < size) {
+    const ::ssize_t n = ::read(fd, bytes.data() + at, size - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fmt::format("cannot be read ({})", std::strerror(errno));
+    if (n == 0) return fmt::format("ended after {} of its {} bytes while being read", at, size);
+    at += static_cast<std::size_t>(n);
+  }
   return {};
 }
 
