@@ -12,14 +12,17 @@
 #include <doctest/doctest.h>
 
 #include "dtrain/cuda.hpp"
+#include "support/skip.hpp"
 
 namespace gpu_test {
 
-// True when the test can use a GPU. Otherwise prints "no CUDA device: skipped" once per process
-// (the line CI greps for) and the caller returns: the test passes without checking anything.
+// True when the test can use a GPU. Otherwise prints "no CUDA device: skipped" once per process,
+// marks the binary skipped (ctest then reports it skipped, not passed: support/skip.hpp) and the
+// caller returns without checking anything.
 inline bool have_device(int needed = 1) {
   const int n = dtrain::cuda::device_count();
   if (n >= needed) return true;
+  dtrain_test_support::mark_skipped();
   static std::once_flag once;
   std::call_once(once, [&] {
     int rank = 0, initialized = 0;

@@ -27,7 +27,8 @@ target_compile_options(dtrain_unit_main PUBLIC -Wall -Wextra)
 #                 [ENV <VAR=value...>] [LABELS <l...>] [NO_MAIN] [UNIT])
 # UNIT: plain doctest main, no MPI. Otherwise the MPI-aware main (tests/support/mpi_main.cpp).
 # Without RANKS the binary runs as a plain process (an MPI singleton); with RANKS it runs under
-# mpiexec once per count. Every test gets a TIMEOUT so a hang fails instead of blocking CI.
+# mpiexec once per count. Every test gets a TIMEOUT so a hang fails instead of blocking CI, and exit
+# status 77 reports it skipped (tests/support/skip.hpp).
 function(dtrain_add_test name)
   cmake_parse_arguments(T "NO_MAIN;UNIT" "TIMEOUT" "SOURCES;RANKS;LIBS;ENV;LABELS" ${ARGN})
   if(NOT T_TIMEOUT)
@@ -45,7 +46,7 @@ function(dtrain_add_test name)
   if(NOT T_RANKS)
     add_test(NAME ${name} COMMAND ${name})
     set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${T_ENV}"
-                         LABELS "unit;${T_LABELS}")
+                         LABELS "unit;${T_LABELS}" SKIP_RETURN_CODE 77)
   else()
     foreach(n IN LISTS T_RANKS)
       add_test(NAME ${name}.np${n}
@@ -53,7 +54,8 @@ function(dtrain_add_test name)
                        ${DTRAIN_TEST_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}>
                        ${MPIEXEC_POSTFLAGS})
       set_tests_properties(${name}.np${n} PROPERTIES TIMEOUT ${T_TIMEOUT}
-                           ENVIRONMENT "${T_ENV}" PROCESSORS ${n} LABELS "mpi;${T_LABELS}")
+                           ENVIRONMENT "${T_ENV}" PROCESSORS ${n} LABELS "mpi;${T_LABELS}"
+                           SKIP_RETURN_CODE 77)
     endforeach()
   endif()
 endfunction()
