@@ -238,7 +238,9 @@ TEST_CASE("alltoall: nothing sent anywhere, and everything to one rank") {
 namespace {
 
 template <class T>
-double rs_value(int r, std::int64_t i) {
+double rs_value(int r, std::int64_t i, ReduceOp op) {
+  // Products of 1s, 2s and 3s over 4 ranks stay within int8 and are exact in every dtype.
+  if (op == ReduceOp::Product) return 1.0 + static_cast<double>((r + i) % 3);
   double v = (r + 1) + static_cast<double>(i % 6);
   if constexpr (is_float_v<T>) v += 0.5 * static_cast<double>((r + i) % 2);
   return v;
@@ -248,15 +250,18 @@ template <class T>
 void reducescatter_case(std::int64_t rows, std::int64_t cols, ReduceOp op) {
   const int rank = world_rank(), size = world_size();
   std::vector<T> in(static_cast<std::size_t>(rows * cols));
-  for (std::size_t i = 0; i < in.size(); ++i) in[i] = from_double<T>(rs_value<T>(rank, i));
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = from_double<T>(rs_value<T>(rank, i, op));
   const std::int64_t my_rows = scatter_rows(rows, size, rank);
   const std::int64_t first = scatter_start(rows, size, rank) * cols;
   auto expected = [&](std::int64_t j) {
     const std::int64_t i = first + j;
-    double acc = rs_value<T>(0, i);
+    double acc = rs_value<T>(0, i, op);
     for (int k = 1; k < size; ++k) {
-      const double v = rs_value<T>(k, i);
-      acc = op == ReduceOp::Min ? std::min(acc, v) : op == ReduceOp::Max ? std::max(acc, v) : acc + v;
+      const double v = rs_value<T>(k, i, op);
+      acc = op == ReduceOp::Min       ? std::min(acc, v)
+            : op == ReduceOp::Max     ? std::max(acc, v)
+            : op == ReduceOp::Product ? acc * v
+                                      : acc + v;
     }
     return op == ReduceOp::Average ? acc / size : acc;
   };
@@ -283,7 +288,7 @@ void reducescatter_case(std::int64_t rows, std::int64_t cols, ReduceOp op) {
 TEST_CASE_TEMPLATE("reducescatter gives earlier ranks the remainder rows", T, DTRAIN_TEST_ALL_TYPES) {
   dtrain::init();
   const std::int64_t n = world_size();
-  std::vector<ReduceOp> ops{ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max};
+  std::vector<ReduceOp> ops{ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Product};
   if constexpr (is_float_v<T>) ops.push_back(ReduceOp::Average);
   // Divisible, remainders, fewer rows than ranks, and no rows at all.
   const std::vector<std::int64_t> row_counts{0, 1, n - 1, n, n + 1, 2 * n + (n > 1 ? n - 1 : 0), 13};
@@ -301,10 +306,65 @@ TEST_CASE("reducescatter of an odd, large count (1000003 floats)") {
 
 // ---- barrier ------------------------------------------------------------------------------------
 
-TEST_CASE("barrier: completes on every rank, also when one rank arrives late") {
+TEST_CASE("barrier: no rank leaves before the last one has arrived") {
+  // The ranks share one machine, so steady_clock (CLOCK_MONOTONIC) readings compare across them.
   dtrain::init();
-  const int rank = world_rank();
-  if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  CHECK_NOTHROW(dtrain::barrier());
-  for (int i = 0; i < 3; ++i) CHECK_NOTHROW(dtrain::barrier_async().wait());
+  const int rank = world_rank(), size = world_size(), late = size - 1;
+  using Clock = std::chrono::steady_clock;
+  const auto ns = [](Clock::time_point t) {
+    return static_cast<long long>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count());
+  };
+  for (int round = 0; round < 3; ++round) {
+    long long arrived = 0;
+    if (rank == late) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(150));
+      arrived = ns(Clock::now());
+    }
+    if (round == 0) dtrain::barrier();
+    else dtrain::barrier_async().wait();
+    const long long left = ns(Clock::now());
+    long long last_arrival = 0;
+    MPI_Allreduce(&arrived, &last_arrival, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    CHECK_MESSAGE(left >= last_arrival, fmt::format("round {}: rank {} left the barrier {:.1f} ms "
+                                                    "before rank {} arrived", round, rank,
+                                                    (last_arrival - left) / 1e6, late));
+  }
+}
+
+// ---- handles ------------------------------------------------------------------------------------
+
+TEST_CASE("handles: poll() and wait_for() say false while a rank has not submitted, then true") {
+  dtrain::init();
+  const int rank = world_rank(), size = world_size(), late = size - 1;
+  std::vector<float> v(8, static_cast<float>(rank + 1));
+  if (size == 1) {
+    auto h = dtrain::allreduce_async(v, {.op = ReduceOp::Sum, .name = "handles.alone"});
+    CHECK(h.wait_for(std::chrono::seconds(30)));
+    CHECK(h.poll());
+    return;
+  }
+  // The last rank submits only once every other rank has seen the op pending.
+  dtrain::Handle h;
+  if (rank != late) {
+    h = dtrain::allreduce_async(v, {.op = ReduceOp::Sum, .name = "handles.late"});
+    CHECK_FALSE(h.poll());
+    CHECK_FALSE(h.wait_for(std::chrono::milliseconds(100)));
+    CHECK_FALSE(h.poll());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == late) h = dtrain::allreduce_async(v, {.op = ReduceOp::Sum, .name = "handles.late"});
+  CHECK(h.wait_for(std::chrono::seconds(60)));
+  CHECK(h.poll());
+  CHECK(v[0] == static_cast<float>(size * (size + 1) / 2));
+  CHECK_NOTHROW(h.wait());  // a completed handle can be waited on again
+
+  // wait_for() rethrows the op's error, like wait().
+  std::vector<float> odd(rank == late ? 3 : 4, 1.0f);
+  auto bad = dtrain::allreduce_async(odd, {.name = "handles.mismatch"});
+  CHECK_THROWS_AS(bad.wait_for(std::chrono::seconds(60)), dtrain::MismatchError);
+  CHECK(bad.poll());
+
+  dtrain::Handle empty;
+  CHECK_THROWS_AS((void)empty.poll(), dtrain::InvalidArgumentError);
 }
