@@ -17,7 +17,8 @@ mark_as_advanced(DTRAIN_INSTALL_CMAKEDIR)
 
 install(DIRECTORY "${dtrain_SOURCE_DIR}/include/dtrain" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
 
-install(TARGETS dtrain EXPORT dtrainTargets)
+install(TARGETS dtrain dtrain_header_only EXPORT dtrainTargets
+        ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
 install(EXPORT dtrainTargets NAMESPACE dtrain:: FILE dtrainTargets.cmake
         DESTINATION "${DTRAIN_INSTALL_CMAKEDIR}")
 export(EXPORT dtrainTargets NAMESPACE dtrain:: FILE "${dtrain_BINARY_DIR}/dtrainTargets.cmake")
@@ -67,10 +68,10 @@ configure_package_config_file("${dtrain_SOURCE_DIR}/cmake/dtrainConfig.cmake.in"
 configure_package_config_file("${dtrain_SOURCE_DIR}/cmake/dtrainConfig.cmake.in"
   "${dtrain_BINARY_DIR}/dtrainConfig.cmake"
   INSTALL_DESTINATION "${dtrain_BINARY_DIR}" INSTALL_PREFIX "${dtrain_BINARY_DIR}")
-# 0.x: a minor release may break the API, so only the same major.minor is compatible. Header-only,
-# so a 32-bit consumer may use a package configured on a 64-bit machine.
+# 0.x: a minor release may break the API, so only the same major.minor is compatible. The package
+# holds a compiled library (dtrain::dtrain), so it fits the architecture it was built for.
 write_basic_package_version_file("${dtrain_BINARY_DIR}/dtrainConfigVersion.cmake"
-  VERSION "${dtrain_VERSION}" COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
+  VERSION "${dtrain_VERSION}" COMPATIBILITY SameMinorVersion)
 configure_file("${dtrain_SOURCE_DIR}/cmake/dtrainDependencies.cmake"
                "${dtrain_BINARY_DIR}/dtrainDependencies.cmake" COPYONLY)
 configure_file("${dtrain_SOURCE_DIR}/cmake/dtrainTorch.cmake"

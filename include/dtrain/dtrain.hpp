@@ -14,7 +14,7 @@
 #include "dtrain/data/sampler_state.hpp"
 #include "dtrain/data/split_sorted_bucket_sampler.hpp"
 #include "dtrain/profile/profiler.hpp"
-#include "dtrain/runtime/runtime.hpp"
+#include "dtrain/runtime/session.hpp"
 #include "dtrain/tensor/traits.hpp"
 #include "dtrain/tensor/view.hpp"
 #include "dtrain/train/broadcast_parameters.hpp"

@@ -17,7 +17,7 @@
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
-#include "dtrain/runtime/runtime.hpp"
+#include "dtrain/runtime/session.hpp"
 #include "dtrain/tensor/half.hpp"
 #include "dtrain/tensor/view.hpp"
 #include "support/world.hpp"

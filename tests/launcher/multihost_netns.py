@@ -22,7 +22,7 @@ other status is a failure. DTRAIN_TEST_NO_NETNS=1 takes the emulation path on pu
 
 Note [Finalize over TCP]
 The jobs here are the ones that showed MPICH/UCX hanging in MPI_Finalize across hosts; dtrain
-settles a multi-host job before it finalizes MPI (include/dtrain/runtime/runtime.hpp, Note
+settles a multi-host job before it finalizes MPI (include/dtrain/runtime/session_impl.hpp, Note
 [Finalize over TCP]). A job that still hangs there is reported as such, with its output.
 
 Note [Two hosts on one machine]

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/runtime/runtime_state.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {

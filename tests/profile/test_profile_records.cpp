@@ -13,7 +13,7 @@
 #include "dtrain/profile/phase_times.hpp"
 #include "dtrain/profile/proc_stats.hpp"
 #include "dtrain/profile/records.hpp"
-#include "dtrain/profile/sampler.hpp"
+#include "dtrain/profile/system_sampler.hpp"
 
 namespace {
 

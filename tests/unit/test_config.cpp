@@ -1,4 +1,5 @@
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/config_knobs.hpp"
 
 #include <doctest/doctest.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+#include "dtrain/core/log_sink.hpp"
 #include "dtrain/core/logging.hpp"
 
 #include <doctest/doctest.h>

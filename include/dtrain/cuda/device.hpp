@@ -15,7 +15,7 @@
 #include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/cuda/error.hpp"
-#include "dtrain/runtime/runtime.hpp"
+#include "dtrain/runtime/session.hpp"
 
 namespace dtrain {
 namespace cuda {

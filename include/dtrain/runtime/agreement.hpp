@@ -27,6 +27,7 @@
 
 #include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/config_knobs.hpp"
 
 namespace dtrain::detail {
 

@@ -16,6 +16,7 @@
 #include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/core/config.hpp"
+#include "dtrain/runtime/device_registry.hpp"
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
@@ -57,13 +58,6 @@ struct BackendContext {
   BackendStats* stats = nullptr;
   Timeline* timeline = nullptr;
 };
-
-// A device backend (CUDA/NCCL or staging) registers a factory here when its header is included.
-using DeviceBackendFactory = std::unique_ptr<Backend> (*)(const BackendContext&);
-inline DeviceBackendFactory& device_backend_factory() noexcept {
-  static DeviceBackendFactory f = nullptr;
-  return f;
-}
 
 // What an alltoall moves, once the ranks have told each other how many rows each sends each.
 struct AlltoallCounts {

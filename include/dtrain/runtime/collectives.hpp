@@ -9,16 +9,22 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <ranges>
+#include <iterator>
+#include <type_traits>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
-#include "dtrain/runtime/runtime.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/range.hpp"
+#include "dtrain/runtime/device_registry.hpp"
+#include "dtrain/runtime/handle.hpp"
+#include "dtrain/runtime/op_checks.hpp"
+#include "dtrain/runtime/submission.hpp"
+#include "dtrain/tensor/traits.hpp"
 #include "dtrain/tensor/view.hpp"
 
 namespace dtrain {
@@ -49,55 +55,8 @@ Request describe(const T& t, OpKind kind, std::string name) {
   q.dtype = traits_of<T>::dtype(t);
   q.device = traits_of<T>::device(t);
   q.shape = shape_of(t);
-  const std::int64_t numel = traits_of<T>::numel(t);
-  const auto op = to_string(kind);
-  if (numel < 0)
-    throw InvalidArgumentError(fmt::format("dtrain: {} '{}': negative element count {}", op, q.name, numel));
-  if (!is_valid(q.dtype))
-    throw InvalidArgumentError(fmt::format("dtrain: {} '{}': invalid dtype value {}", op, q.name,
-                                           static_cast<int>(q.dtype)));
-  std::int64_t product = numel;
-  try {
-    if (!q.shape.empty()) product = detail::numel(q.shape);
-  } catch (const InvalidArgumentError& e) {
-    // Name the op and the tensor too: the shape alone does not say which call was wrong.
-    constexpr std::string_view prefix = "dtrain: ";
-    std::string_view why = e.what();
-    if (why.starts_with(prefix)) why.remove_prefix(prefix.size());
-    throw InvalidArgumentError(fmt::format("dtrain: {} '{}': {}", op, q.name, why));
-  }
-  if (q.shape.empty()) q.shape = {numel};
-  else if (product != numel)
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: {} '{}': shape [{}] has {} elements but the tensor reports {}", op, q.name,
-        fmt::join(q.shape, ", "), product, numel));
-  if (numel > 0 && traits_of<T>::data(t) == nullptr)
-    throw InvalidArgumentError(fmt::format("dtrain: {} '{}': tensor data is null but it has {} elements",
-                                           op, q.name, numel));
-  if (q.device.is_cuda() && !device_backend_factory())
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: {} '{}': the tensor is on {}, but this program was built without dtrain's CUDA "
-        "support: include <dtrain/cuda.hpp> and link dtrain::cuda",
-        op, q.name, q.device));
+  check_tensor(q, traits_of<T>::numel(t), traits_of<T>::data(t) != nullptr);
   return q;
-}
-
-inline void check_reduction(const Request& q, ReduceOp op, double prescale, double postscale) {
-  for (const auto& [label, factor] : {std::pair{"prescale", prescale}, std::pair{"postscale", postscale}})
-    if (!std::isfinite(factor))
-      throw InvalidArgumentError(fmt::format("dtrain: {} '{}': the {} factor is {}; scale factors "
-                                             "must be finite numbers",
-                                             q.kind, q.name, label, factor));
-  if (!is_floating_point(q.dtype) && (op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0))
-    throw InvalidArgumentError(fmt::format(
-        "dtrain: {} '{}': {} on an integer tensor ({}): Average and scale factors are defined for "
-        "floating-point tensors only (they would truncate). Use ReduceOp::Sum and divide yourself.",
-        q.kind, q.name,
-        op == ReduceOp::Average ? "ReduceOp::Average" : "a scale factor other than 1",
-        q.dtype));
-  if (static_cast<int>(op) > static_cast<int>(ReduceOp::Product))
-    throw InvalidArgumentError(fmt::format("dtrain: {} '{}': invalid ReduceOp value {}",
-                                           q.kind, q.name, static_cast<int>(op)));
 }
 
 // An op about to be submitted: the engine it goes to and its name (given or generated).
@@ -112,7 +71,7 @@ struct NamedOp {
 inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view caller) {
   auto eng = engine(caller);
   const bool generated = given.empty();
-  std::string name = generated ? eng->generate_name(kind) : std::string(given);
+  std::string name = generated ? generate_name(*eng, kind) : std::string(given);
   return NamedOp{std::move(eng), std::move(name), kind, generated};
 }
 
@@ -123,17 +82,9 @@ decltype(auto) checked(const NamedOp& op, F&& checks) {
   try {
     return checks();
   } catch (const InvalidArgumentError& e) {
-    op.engine->reject(op.name, op.kind, e.what(), op.group);
+    reject(*op.engine, op.name, op.kind, e.what(), op.group);
     throw;
   }
-}
-
-template <class T>
-std::shared_ptr<Entry> make_entry(Request q) {
-  auto e = std::make_shared<Entry>();
-  e->request = std::move(q);
-  e->state = std::make_shared<OpState>();
-  return e;
 }
 
 // Entries of ops that produce a new tensor allocate it on the engine thread, once the sizes are
@@ -172,11 +123,11 @@ Handle allreduce_async(T& tensor, const AllreduceOptions& options = {}) {
     q.reduce_op = options.op;
     q.prescale = options.prescale;
     q.postscale = options.postscale;
-    auto e = detail::make_entry<T>(std::move(q));
+    auto e = detail::new_entry(std::move(q));
     e->data = traits_of<T>::mutable_data(tensor);
     e->stream = detail::stream_of(tensor);
     Handle h(e->state);
-    op.engine->submit(std::move(e));
+    detail::submit(*op.engine, std::move(e));
     return h;
   }
 }
@@ -188,14 +139,14 @@ void allreduce(T& tensor, const AllreduceOptions& options = {}) {
 
 // Reduces every tensor of `tensors` (any range of tensors) as one group: the group is negotiated
 // as a unit and its members are fused together. Member i is named "<name>.<i>".
-template <std::ranges::range R>
+template <Range R>
 Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}) {
-  using T = std::ranges::range_value_t<R>;
+  using T = range_value_t<R>;
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
     const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "grouped_allreduce");
     const std::string& group = op.name;
-    const auto count = static_cast<std::int32_t>(std::ranges::distance(tensors));
+    const auto count = static_cast<std::int32_t>(std::distance(std::begin(tensors), std::end(tensors)));
     std::vector<std::shared_ptr<detail::Entry>> entries;
     // A rejection fails the whole group on the peers (Note [Failed ops]).
     detail::NamedOp member = op;
@@ -214,7 +165,7 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
       q.postscale = options.postscale;
       q.group = group;
       q.group_size = count;
-      auto e = detail::make_entry<T>(std::move(q));
+      auto e = detail::new_entry(std::move(q));
       e->data = traits_of<T>::mutable_data(t);
       e->stream = detail::stream_of(t);
       entries.push_back(std::move(e));
@@ -228,31 +179,18 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
       q.shape = {0};
       q.group = group;
       q.group_size = 0;
-      entries.push_back(detail::make_entry<void>(std::move(q)));
+      entries.push_back(detail::new_entry(std::move(q)));
     }
-    // The group's handle completes when the last member does, with the first member error.
-    auto all = std::make_shared<detail::OpState>();
-    auto remaining = std::make_shared<std::atomic<std::int32_t>>(static_cast<std::int32_t>(entries.size()));
-    auto first_error = std::make_shared<std::exception_ptr>();
-    auto error_mutex = std::make_shared<std::mutex>();
-    for (auto& e : entries) {
-      e->state->then = [all, remaining, first_error, error_mutex](std::exception_ptr err) {
-        if (err) {
-          std::lock_guard lock(*error_mutex);
-          if (!*first_error) *first_error = err;
-        }
-        if (remaining->fetch_sub(1) == 1) {
-          std::lock_guard lock(*error_mutex);
-          all->complete(*first_error);
-        }
-      };
-    }
-    op.engine->submit_all(std::move(entries));
+    // The group's handle completes when the last member does, with the first member's error.
+    std::vector<std::shared_ptr<detail::OpState>> states;
+    for (const auto& e : entries) states.push_back(e->state);
+    auto all = detail::complete_together(states);
+    detail::submit_all(*op.engine, std::move(entries));
     return Handle(all);
   }
 }
 
-template <std::ranges::range R>
+template <Range R>
 void grouped_allreduce(R&& tensors, const AllreduceOptions& options = {}) {
   grouped_allreduce_async(std::forward<R>(tensors), options).wait();
 }
@@ -267,10 +205,10 @@ ResultHandle<output_t<T>> allgather_async(const T& tensor, std::string_view name
   if constexpr (TensorWithOutput<T>) {
     const auto op = detail::name_op(name, detail::OpKind::allgather, "allgather");
     auto q = detail::checked(op, [&] { return detail::describe(tensor, op.kind, op.name); });
-    auto e = detail::make_entry<T>(std::move(q));
+    auto e = detail::new_entry(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);
-    op.engine->submit(std::move(e));
+    detail::submit(*op.engine, std::move(e));
     return h;
   }
 }
@@ -289,19 +227,15 @@ Handle broadcast_async(T& tensor, int root_rank, std::string_view name = {}) {
     const auto op = detail::name_op(name, detail::OpKind::broadcast, "broadcast");
     auto q = detail::checked(op, [&] {
       auto q = detail::describe(tensor, op.kind, op.name);
-      const int size = op.engine->size();
-      if (root_rank < 0 || root_rank >= size)
-        throw InvalidArgumentError(fmt::format(
-            "dtrain: broadcast '{}': root rank {} is out of range: the world has {} ranks (0..{})",
-            q.name, root_rank, size, size - 1));
+      detail::check_root(q, root_rank, detail::world_size(*op.engine));
       return q;
     });
     q.root = root_rank;
-    auto e = detail::make_entry<T>(std::move(q));
+    auto e = detail::new_entry(std::move(q));
     e->data = traits_of<T>::mutable_data(tensor);
     e->stream = detail::stream_of(tensor);
     Handle h(e->state);
-    op.engine->submit(std::move(e));
+    detail::submit(*op.engine, std::move(e));
     return h;
   }
 }
@@ -314,8 +248,8 @@ void broadcast(T& tensor, int root_rank, std::string_view name = {}) {
 // ---- alltoall ---------------------------------------------------------------------------------
 
 // Sends splits[r] rows (dim 0) to rank r, in order; receives the rows every rank sent here.
-template <class T, std::ranges::range Splits>
-  requires std::integral<std::ranges::range_value_t<Splits>>
+template <class T, Range Splits>
+  requires std::integral<range_value_t<Splits>>
 ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& splits,
                                                std::string_view name = {}) {
   DTRAIN_REQUIRE_TENSOR(T);
@@ -326,26 +260,10 @@ ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& sp
     for (auto v : splits) s.push_back(static_cast<std::int64_t>(v));
     auto q = detail::checked(op, [&] {
       auto q = detail::describe(tensor, op.kind, op.name);
-      std::int64_t sum = 0;
-      for (auto v : s) {
-        if (v < 0)
-          throw InvalidArgumentError(fmt::format("dtrain: alltoall '{}': negative split in [{}]",
-                                                 q.name, fmt::join(s, ", ")));
-        sum += v;
-      }
-      const int size = op.engine->size();
-      if (static_cast<int>(s.size()) != size)
-        throw InvalidArgumentError(fmt::format(
-            "dtrain: alltoall '{}': {} splits given but the world has {} ranks: give one row "
-            "count per destination rank",
-            q.name, s.size(), size));
-      if (sum != q.dim0())
-        throw InvalidArgumentError(fmt::format(
-            "dtrain: alltoall '{}': splits [{}] add up to {} rows but the tensor has {} rows (dim 0)",
-            q.name, fmt::join(s, ", "), sum, q.dim0()));
+      detail::check_splits(q, s, detail::world_size(*op.engine));
       return q;
     });
-    auto e = detail::make_entry<T>(std::move(q));
+    auto e = detail::new_entry(std::move(q));
     e->splits = std::move(s);
     auto result = std::make_shared<std::optional<AlltoallResult<T>>>();
     result->emplace();
@@ -359,13 +277,13 @@ ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& sp
       (*result)->received_splits = std::move(r);
     };
     ResultHandle<AlltoallResult<T>> h(e->state, result);
-    op.engine->submit(std::move(e));
+    detail::submit(*op.engine, std::move(e));
     return h;
   }
 }
 
-template <class T, std::ranges::range Splits>
-  requires std::integral<std::ranges::range_value_t<Splits>>
+template <class T, Range Splits>
+  requires std::integral<range_value_t<Splits>>
 AlltoallResult<T> alltoall(const T& tensor, const Splits& splits, std::string_view name = {}) {
   return alltoall_async(tensor, splits, name).get();
 }
@@ -387,10 +305,10 @@ ResultHandle<output_t<T>> reducescatter_async(const T& tensor, ReduceOp op = Red
       return q;
     });
     q.reduce_op = op;
-    auto e = detail::make_entry<T>(std::move(q));
+    auto e = detail::new_entry(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);
-    named.engine->submit(std::move(e));
+    detail::submit(*named.engine, std::move(e));
     return h;
   }
 }
@@ -411,9 +329,9 @@ inline Handle barrier_async(std::string_view name = {}) {
   q.name = op.name;
   q.dtype = DataType::uint8;
   q.shape = {0};
-  auto e = detail::make_entry<void>(std::move(q));
+  auto e = detail::new_entry(std::move(q));
   Handle h(e->state);
-  op.engine->submit(std::move(e));
+  detail::submit(*op.engine, std::move(e));
   return h;
 }
 inline void barrier() { barrier_async().wait(); }
@@ -428,11 +346,11 @@ inline int join() {
   q.name = "join";
   q.dtype = DataType::uint8;
   q.shape = {0};
-  auto e = detail::make_entry<void>(std::move(q));
+  auto e = detail::new_entry(std::move(q));
   auto last = std::make_shared<std::optional<int>>();
   e->set_last_joined = [last](int rank) { *last = rank; };
   ResultHandle<int> h(e->state, last);
-  eng->submit(std::move(e));
+  detail::submit(*eng, std::move(e));
   return h.get();
 }
 

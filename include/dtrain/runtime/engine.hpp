@@ -32,6 +32,7 @@
 #include "dtrain/runtime/engine_stats.hpp"
 #include "dtrain/runtime/host_backend.hpp"
 #include "dtrain/runtime/liveness.hpp"
+#include "dtrain/runtime/op_state.hpp"
 #include "dtrain/runtime/response_cache.hpp"
 #include "dtrain/runtime/topology.hpp"
 #include "dtrain/runtime/wait_policy.hpp"
@@ -111,6 +112,7 @@ class Engine {
     ho.hierarchical = config.hierarchical_allreduce && hierarchy_.valid();
     ho.hierarchy = hierarchy_;
     ho.direct_segments = agreed.direct_segments;
+    direct_segments_ = agreed.direct_segments;
     host_ = std::make_unique<HostBackend>(ho);
     if (rank_ == 0 && config.autotune) {
       std::vector<int> ranks_per_host =
@@ -161,6 +163,8 @@ class Engine {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const Config& config() const noexcept { return config_; }
+  // Whether fused responses reduce large tensors in their own memory (agreed at init).
+  bool direct_segments() const noexcept { return direct_segments_; }
 
   // Note [Generated names]
   // An op without a name is called "<kind>.<n>" after a per-kind call count, so ranks pair their
@@ -795,6 +799,7 @@ class Engine {
   MPI_Comm data_ = MPI_COMM_NULL;
   HierarchyComms hierarchy_;
   int rank_ = 0, size_ = 1;
+  bool direct_segments_ = false;
 
   mutable std::mutex mutex_;  // guards everything the user threads touch
   std::condition_variable cv_;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "dtrain/runtime/handle.hpp"
-#include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/request.hpp"
 #include "dtrain/tensor/traits.hpp"
 
 namespace dtrain::detail {

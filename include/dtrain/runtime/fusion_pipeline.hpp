@@ -56,6 +56,7 @@
 
 #include "dtrain/comm/copy_direction.hpp"
 #include "dtrain/comm/local_reduce.hpp"
+#include "dtrain/runtime/fusion_layout.hpp"
 
 namespace dtrain::detail {
 
@@ -85,9 +86,6 @@ inline bool overlap_pays(int ranks_on_host) noexcept {
   if (cores == 0) return true;  // unknown: trust the configuration
   return cores >= 2u * static_cast<unsigned>(std::max(ranks_on_host, 1));
 }
-
-// Tensors at least this large are reduced in place instead of being packed, where direct_pays().
-inline constexpr std::int64_t kFusionDirectMinBytes = std::int64_t{1} << 20;
 
 // Whether reducing large tensors in place beats packing them (Note [Direct segments]): every rank
 // on the host has a core of its own.

@@ -1,71 +1,35 @@
 #pragma once
-// Handles to in-flight ops. The engine completes an OpState exactly once (the first completion
-// wins, so a deadline watchdog and a late MPI return cannot race); waiters block on a condition
-// variable, so a waiting caller does not burn a core.
-#include <atomic>
+// Handles to in-flight ops: what the caller holds while an op runs. The state they share with the
+// engine lives in runtime/op_state.hpp, reached through the functions below (Note [Build modes]
+// in core/build_mode.hpp).
 #include <chrono>
-#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
+#include <vector>
 
+#include "dtrain/core/build_mode.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
 namespace detail {
 
-class OpState {
- public:
-  // Returns false if the op had already completed.
-  bool complete(std::exception_ptr error = nullptr) noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (done_.load(std::memory_order_relaxed)) return false;
-      error_ = error;
-      done_.store(true, std::memory_order_release);
-    }
-    cv_.notify_all();
-    if (then) then(error);
-    return true;
-  }
-  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+class OpState;
 
-  void wait() {
-    // Block at once. The op is finished by the engine thread and the peer ranks, which on a small
-    // machine share these cores: a waiter that spins or yields takes the core they need, and on a
-    // loaded machine costs a scheduler tick (4 ms) where a futex wake costs microseconds
-    // (docs/performance.md, "Where a lone op's extra time goes").
-    if (!done()) {
-      std::unique_lock lock(mutex_);
-      cv_.wait(lock, [&] { return done(); });
-    }
-    rethrow();
-  }
-  template <class Rep, class Period>
-  bool wait_for(std::chrono::duration<Rep, Period> d) {
-    std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, d, [&] { return done(); })) return false;
-    lock.unlock();
-    rethrow();
-    return true;
-  }
-  void rethrow() const {
-    if (error_) std::rethrow_exception(error_);
-  }
-
-  // Runs once on completion, on the completing thread (set before the op is submitted).
-  std::function<void(std::exception_ptr)> then;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};
-  std::exception_ptr error_;
-};
+DTRAIN_API std::shared_ptr<OpState> make_op_state();
+DTRAIN_API bool op_done(const OpState& state) noexcept;
+// Blocks until the op completes, then rethrows its error.
+DTRAIN_API void op_wait(OpState& state);
+// False if the op is still running after `timeout`; rethrows its error once it has completed.
+DTRAIN_API bool op_wait_for(OpState& state, std::chrono::nanoseconds timeout);
+// Completes the op; false if it had already completed.
+DTRAIN_API bool op_complete(OpState& state, std::exception_ptr error = nullptr) noexcept;
+// One state that completes when the last of `members` does, with the first member's error. The
+// members must not have completed yet, nor have a continuation of their own.
+DTRAIN_API std::shared_ptr<OpState> complete_together(
+    const std::vector<std::shared_ptr<OpState>>& members);
 
 }  // namespace detail
 
@@ -80,16 +44,16 @@ class Handle {
   bool valid() const noexcept { return state_ != nullptr; }
   bool poll() const {
     check();
-    return state_->done();
+    return detail::op_done(*state_);
   }
   void wait() const {
     check();
-    state_->wait();
+    detail::op_wait(*state_);
   }
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> d) const {
     check();
-    return state_->wait_for(d);
+    return detail::op_wait_for(*state_, std::chrono::ceil<std::chrono::nanoseconds>(d));
   }
 
  protected:
@@ -122,3 +86,7 @@ class ResultHandle : public Handle {
 };
 
 }  // namespace dtrain
+
+#ifdef DTRAIN_HEADER_ONLY
+#include "dtrain/runtime/handle_impl.hpp"
+#endif

@@ -24,6 +24,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/entry.hpp"
+#include "dtrain/runtime/op_state.hpp"
 #include "dtrain/runtime/liveness.hpp"
 
 namespace dtrain::detail {

@@ -5,15 +5,15 @@
 // with root's; a difference raises the same MismatchError on every rank, naming the first
 // parameter that differs, instead of a hang or silently mixed-up weights.
 #include <algorithm>
-#include <ranges>
+#include <iterator>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
+#include "dtrain/core/range.hpp"
 #include "dtrain/train/objects.hpp"
 
 namespace dtrain {
@@ -97,7 +97,7 @@ void broadcast_named(NamedRange&& named, int root_rank, std::string_view what) {
   else if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end())
     error = fmt::format("parameter name '{}' appears twice: names must be unique", *dup);
   // Sorting by name makes the order rank-independent whatever order the container yields.
-  using Ref = std::pair<std::string, std::remove_reference_t<decltype(std::get<1>(*std::ranges::begin(named)))>*>;
+  using Ref = std::pair<std::string, std::remove_reference_t<decltype(std::get<1>(*std::begin(named)))>*>;
   std::vector<Ref> refs;
   for (auto&& [n, t] : named) refs.emplace_back(std::string(n), &t);
   std::sort(refs.begin(), refs.end(), [](const Ref& a, const Ref& b) { return a.first < b.first; });
@@ -117,9 +117,9 @@ void broadcast_named(NamedRange&& named, int root_rank, std::string_view what) {
 // key()/value() such as libtorch's named_parameters() (sorted by name first, so any container
 // order works). With pairs, the tensors in the container must share memory with the model's
 // (libtorch tensors and spans do; copies of std::vectors do not).
-template <std::ranges::range R>
+template <Range R>
 void broadcast_parameters(R&& params, int root_rank = 0) {
-  using V = std::ranges::range_value_t<R>;
+  using V = range_value_t<R>;
   if constexpr (requires(V v) { std::get<0>(v); std::get<1>(v); }) {
     detail::broadcast_named(std::forward<R>(params), root_rank, "broadcast_parameters");
   } else if constexpr (requires(V v) { std::string(v.key()); v.value(); }) {

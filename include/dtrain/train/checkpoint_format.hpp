@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/train/checkpoint_record.hpp"
 #include "dtrain/train/crc32c.hpp"
 
 namespace dtrain::detail {
@@ -61,21 +62,6 @@ inline std::array<char, checkpoint_trailer_bytes> checkpoint_trailer(std::uint32
   std::memcpy(t.data() + 8, checkpoint_end_magic, 8);
   return t;
 }
-
-// Byte ranges of one item inside a payload.
-struct ItemBytes {
-  std::size_t offset = 0;
-  std::size_t size = 0;
-};
-
-struct CheckpointRecord {
-  std::int64_t step = 0;
-  std::int64_t epoch = 0;
-  std::int64_t world_size = 0;
-  std::string writer;
-  std::vector<std::pair<std::string, ItemBytes>> shared;
-  std::vector<std::pair<std::string, std::vector<ItemBytes>>> per_rank;  // one range per rank
-};
 
 // Bounds-checked reading of the payload's framing; throws std::string on malformed input, which
 // parse_checkpoint turns into the reason a file is skipped.

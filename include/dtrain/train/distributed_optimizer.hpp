@@ -21,13 +21,14 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
-#include <ranges>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "dtrain/core/range.hpp"
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/train/compression.hpp"
 #include "dtrain/train/step_gate.hpp"
@@ -50,8 +51,8 @@ struct optimizer_traits<Opt> {
 template <class Opt>
 concept Optimizer = requires(Opt& o) {
   optimizer_traits<Opt>::step(o);
-  { optimizer_traits<Opt>::gradients(o) } -> std::ranges::range;
-} && MutableTensor<std::ranges::range_value_t<decltype(optimizer_traits<Opt>::gradients(std::declval<Opt&>()))>>;
+  { optimizer_traits<Opt>::gradients(o) } -> Range;
+} && MutableTensor<range_value_t<decltype(optimizer_traits<Opt>::gradients(std::declval<Opt&>()))>>;
 
 struct DistributedOptimizerOptions {
   ReduceOp op = ReduceOp::Average;              // Average or Sum

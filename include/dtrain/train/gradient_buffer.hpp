@@ -24,8 +24,8 @@
 
 #include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/runtime/fusion_pipeline.hpp"
-#include "dtrain/runtime/runtime.hpp"
+#include "dtrain/runtime/fusion_layout.hpp"
+#include "dtrain/runtime/session.hpp"
 #include "dtrain/tensor/dtype.hpp"
 
 namespace dtrain {
@@ -53,8 +53,8 @@ class GradientBuffer {
       if (!is_initialized())
         throw Error("dtrain: GradientBuffer with GradientLayout::automatic needs dtrain::init() "
                     "first (it asks how fused responses run here); or pass in_order/large_last");
-      layout = detail::direct_pays(local_size()) ? GradientLayout::large_last
-                                                 : GradientLayout::in_order;
+      layout = detail::direct_segments("GradientBuffer") ? GradientLayout::large_last
+                                                          : GradientLayout::in_order;
     }
     layout_ = layout;
     const std::int64_t large = detail::kFusionDirectMinBytes / static_cast<std::int64_t>(sizeof(T));

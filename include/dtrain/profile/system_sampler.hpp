@@ -59,17 +59,17 @@ inline SampleRecord make_sample(const ProcSnapshot& before, const ProcSnapshot& 
   return s;
 }
 
-class Sampler {
+class SystemSampler {
  public:
   using Clock = std::chrono::steady_clock;
 
   // `origin` is the run's time zero; `nvml` may be unavailable.
-  Sampler(RecordWriter& writer, const Nvml& nvml, std::chrono::milliseconds interval,
+  SystemSampler(RecordWriter& writer, const Nvml& nvml, std::chrono::milliseconds interval,
           Clock::time_point origin)
       : writer_(&writer), nvml_(&nvml), interval_(interval), origin_(origin) {}
-  Sampler(const Sampler&) = delete;
-  Sampler& operator=(const Sampler&) = delete;
-  ~Sampler() { stop(); }
+  SystemSampler(const SystemSampler&) = delete;
+  SystemSampler& operator=(const SystemSampler&) = delete;
+  ~SystemSampler() { stop(); }
 
   void start() {
     std::lock_guard lock(mutex_);

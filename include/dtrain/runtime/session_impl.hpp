@@ -1,5 +1,8 @@
 #pragma once
-// Lifecycle (init, shutdown, Session) and topology queries.
+// Definitions of runtime/session.hpp: init() and shutdown() with their corner cases (MPI owned by
+// the program or by dtrain, MPI_Finalize called first, leaving main() without shutdown()), and the
+// topology queries. Compiled once in src/dtrain.cpp, or inline in every file when header-only
+// (Note [Build modes] in core/build_mode.hpp).
 #include <mpi.h>
 
 #include <chrono>
@@ -16,91 +19,13 @@
 
 #include "dtrain/comm/mpi_datatype.hpp"
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/config_knobs.hpp"
 #include "dtrain/core/logging.hpp"
-#include "dtrain/runtime/engine.hpp"
-#include "dtrain/runtime/topology.hpp"
+#include "dtrain/runtime/runtime_state.hpp"
+#include "dtrain/runtime/session.hpp"
 
 namespace dtrain {
 namespace detail {
-
-struct Runtime {
-  Config config;
-  Topology topology;
-  MPI_Comm world = MPI_COMM_NULL;  // dtrain's own duplicate of MPI_COMM_WORLD
-  bool owns_mpi = false;           // dtrain initialized MPI, so dtrain finalizes it
-  std::unique_ptr<Engine> engine;
-};
-
-// Note [Lifecycle]
-// init() and shutdown() are serialized by one mutex; the running Runtime is published through a
-// shared pointer that every call copies under a second, short-held mutex, so a thread that is
-// submitting while another shuts down keeps the engine alive until its call returns (and is told
-// the engine has stopped) instead of reading freed memory. Besides shutdown() itself, two exits
-// are watched: MPI_Finalize() called while dtrain runs shuts dtrain down first (an attribute on
-// MPI_COMM_SELF, whose delete callback MPI runs at the start of MPI_Finalize), and leaving main()
-// while dtrain runs on several ranks tells the peers and ends the job with a failing status
-// (Note [Peer liveness]).
-enum class State { never_initialized, running, shut_down };
-
-struct Lifecycle {
-  std::mutex init_mutex;   // serializes init and shutdown
-  std::mutex slot_mutex;   // guards `running` and `state`
-  std::shared_ptr<Runtime> running;
-  State state = State::never_initialized;
-  bool mpi_initialized_by_dtrain = false;  // survives a failed init, so a retry still finalizes
-  bool mpi_finalized_by_dtrain = false;    // shutdown() ended MPI: dtrain cannot start again here
-  int finalize_keyval = MPI_KEYVAL_INVALID;
-  bool exit_hook_installed = false;
-};
-
-inline Lifecycle& lifecycle() {
-  static Lifecycle l;
-  return l;
-}
-
-inline std::shared_ptr<Runtime> running_runtime() {
-  auto& l = lifecycle();
-  std::lock_guard lock(l.slot_mutex);
-  return l.running;
-}
-
-// What a program can do once dtrain has shut down: MPI can start only once per process.
-inline std::string restart_advice(const Lifecycle& l) {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (l.mpi_finalized_by_dtrain)
-    return "Make the call before shutdown(). dtrain cannot start again in this process: it had "
-           "initialized MPI, so shutdown() also finalized it, and MPI cannot be initialized twice "
-           "in one process. To stop and restart dtrain within one process, initialize MPI "
-           "yourself (MPI_Init_thread with MPI_THREAD_MULTIPLE) before the first dtrain::init() "
-           "and finalize it after the last dtrain::shutdown().";
-  if (finalized)
-    return "Make the call before shutdown(). dtrain cannot start again in this process: MPI has "
-           "been finalized.";
-  return "Make the call before shutdown(), or call dtrain::init() again first (MPI is still "
-         "initialized, so dtrain can start again).";
-}
-
-inline std::shared_ptr<Runtime> runtime(std::string_view caller) {
-  auto& l = lifecycle();
-  std::lock_guard lock(l.slot_mutex);
-  if (l.running) return l.running;
-  if (l.state == State::shut_down)
-    throw NotInitializedError(fmt::format(
-        "dtrain::{}() was called after dtrain::shutdown(): dtrain is no longer running. {}",
-        caller, restart_advice(l)));
-  throw NotInitializedError(fmt::format(
-      "dtrain::{}() was called before dtrain::init(): call dtrain::init() (or create a "
-      "dtrain::Session) at the start of main(), before any other dtrain call",
-      caller));
-}
-
-// The engine, kept alive for as long as the caller holds the pointer.
-inline std::shared_ptr<Engine> engine(std::string_view caller) {
-  auto rt = runtime(caller);
-  Engine* e = rt->engine.get();
-  return std::shared_ptr<Engine>(std::move(rt), e);
-}
 
 inline void shutdown_impl(bool inside_mpi_finalize);
 
@@ -294,63 +219,42 @@ inline void shutdown_impl(bool inside_mpi_finalize) {
 
 }  // namespace detail
 
-// Initializes dtrain (and MPI, unless the program already did). Reads the DTRAIN_* / HOROVOD_*
-// environment. Calling init() again while initialized does nothing; init(config) with settings
-// other than the running ones is an error.
-inline void init() { detail::init_impl(Config::from_env(), nullptr, nullptr, false); }
-inline void init(int& argc, char**& argv) {
+DTRAIN_API void init() { detail::init_impl(Config::from_env(), nullptr, nullptr, false); }
+DTRAIN_API void init(int& argc, char**& argv) {
   detail::init_impl(Config::from_env(), &argc, &argv, false);
 }
-inline void init(const Config& config) { detail::init_impl(config, nullptr, nullptr, true); }
-inline void init(const Config& config, int& argc, char**& argv) {
+DTRAIN_API void init(const Config& config) { detail::init_impl(config, nullptr, nullptr, true); }
+DTRAIN_API void init(const Config& config, int& argc, char**& argv) {
   detail::init_impl(config, &argc, &argv, true);
 }
 
-inline bool is_initialized() noexcept { return detail::running_runtime() != nullptr; }
+DTRAIN_API bool is_initialized() noexcept { return detail::running_runtime() != nullptr; }
 
-// Collective: waits for every rank to call shutdown(), stops the engine, and finalizes MPI if
-// dtrain initialized it. Idempotent. After a failure (Note [Engine failure]) it is local.
-inline void shutdown() { detail::shutdown_impl(false); }
+DTRAIN_API void shutdown() { detail::shutdown_impl(false); }
 
-// RAII: init() in the constructor; shutdown() in the destructor (which never throws) if this
-// Session is the one that started dtrain, so a nested Session leaves the outer one running.
-class Session {
- public:
-  Session() : owns_(!is_initialized()) { init(); }
-  Session(int& argc, char**& argv) : owns_(!is_initialized()) { init(argc, argv); }
-  explicit Session(const Config& config) : owns_(!is_initialized()) { init(config); }
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
-  ~Session() {
-    if (!owns_) return;
-    try {
-      shutdown();
-    } catch (const std::exception& e) {
-      detail::log(LogLevel::error, "dtrain::shutdown() failed in ~Session: {}", e.what());
-    }
-  }
-
- private:
-  bool owns_;
-};
-
-inline int rank() { return detail::runtime("rank")->topology.rank; }
-inline int size() { return detail::runtime("size")->topology.size; }
-inline int local_rank() { return detail::runtime("local_rank")->topology.local_rank; }
-inline int local_size() { return detail::runtime("local_size")->topology.local_size; }
-inline int cross_rank() { return detail::runtime("cross_rank")->topology.cross_rank; }
-inline int cross_size() { return detail::runtime("cross_size")->topology.cross_size; }
-inline bool is_homogeneous() { return detail::runtime("is_homogeneous")->topology.homogeneous; }
-
-// The configuration dtrain was initialized with.
-inline Config config() { return detail::runtime("config")->config; }
-
-inline EngineStats engine_stats() { return detail::engine("engine_stats")->stats(); }
-
-// Timeline control at run time. Rank 0 writes the file; other ranks ignore the call.
-inline void start_timeline(const std::string& path) {
-  detail::engine("start_timeline")->start_timeline(path);
+DTRAIN_API int rank() { return detail::runtime("rank")->topology.rank; }
+DTRAIN_API int size() { return detail::runtime("size")->topology.size; }
+DTRAIN_API int local_rank() { return detail::runtime("local_rank")->topology.local_rank; }
+DTRAIN_API int local_size() { return detail::runtime("local_size")->topology.local_size; }
+DTRAIN_API int cross_rank() { return detail::runtime("cross_rank")->topology.cross_rank; }
+DTRAIN_API int cross_size() { return detail::runtime("cross_size")->topology.cross_size; }
+DTRAIN_API bool is_homogeneous() {
+  return detail::runtime("is_homogeneous")->topology.homogeneous;
 }
-inline void stop_timeline() { detail::engine("stop_timeline")->stop_timeline(); }
+
+DTRAIN_API Config config() { return detail::runtime("config")->config; }
+
+DTRAIN_API EngineStats engine_stats() { return detail::runtime("engine_stats")->engine->stats(); }
+
+namespace detail {
+DTRAIN_API bool direct_segments(const char* caller) {
+  return runtime(caller)->engine->direct_segments();
+}
+}  // namespace detail
+
+DTRAIN_API void start_timeline(const std::string& path) {
+  detail::runtime("start_timeline")->engine->start_timeline(path);
+}
+DTRAIN_API void stop_timeline() { detail::runtime("stop_timeline")->engine->stop_timeline(); }
 
 }  // namespace dtrain

@@ -1,0 +1,55 @@
+#pragma once
+// Definitions of runtime/handle.hpp (Note [Build modes] in core/build_mode.hpp).
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dtrain/runtime/handle.hpp"
+#include "dtrain/runtime/op_state.hpp"
+
+namespace dtrain::detail {
+
+DTRAIN_API std::shared_ptr<OpState> make_op_state() { return std::make_shared<OpState>(); }
+
+DTRAIN_API bool op_done(const OpState& state) noexcept { return state.done(); }
+
+DTRAIN_API void op_wait(OpState& state) { state.wait(); }
+
+DTRAIN_API bool op_wait_for(OpState& state, std::chrono::nanoseconds timeout) {
+  return state.wait_for(timeout);
+}
+
+DTRAIN_API bool op_complete(OpState& state, std::exception_ptr error) noexcept {
+  return state.complete(std::move(error));
+}
+
+DTRAIN_API std::shared_ptr<OpState> complete_together(
+    const std::vector<std::shared_ptr<OpState>>& members) {
+  struct Shared {
+    std::shared_ptr<OpState> all = std::make_shared<OpState>();
+    std::atomic<std::size_t> remaining;
+    std::mutex mutex;  // guards first_error
+    std::exception_ptr first_error;
+    explicit Shared(std::size_t n) : remaining(n) {}
+  };
+  auto shared = std::make_shared<Shared>(members.size());
+  if (members.empty()) shared->all->complete();
+  for (const auto& m : members) {
+    m->then = [shared](std::exception_ptr err) {
+      if (err) {
+        std::lock_guard lock(shared->mutex);
+        if (!shared->first_error) shared->first_error = err;
+      }
+      if (shared->remaining.fetch_sub(1) == 1) {
+        std::lock_guard lock(shared->mutex);
+        shared->all->complete(shared->first_error);
+      }
+    };
+  }
+  return shared->all;
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,347 @@
+#pragma once
+// Definitions of train/checkpoint.hpp: the background write, the folder's housekeeping and the
+// choice of the checkpoint to resume from (Note [Build modes] in core/build_mode.hpp).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <future>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/logging.hpp"
+#include "dtrain/core/version.hpp"
+#include "dtrain/runtime/session.hpp"
+#include "dtrain/train/atomic_file.hpp"
+#include "dtrain/train/checkpoint.hpp"
+#include "dtrain/train/checkpoint_format.hpp"
+#include "dtrain/train/crc32c.hpp"
+#include "dtrain/train/objects.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+// A save being written in the background; its result is the payload buffer, for reuse.
+struct PendingWrite {
+  std::future<std::vector<char>> result;
+};
+
+inline constexpr std::size_t checkpoint_write_chunk_bytes = std::size_t{4} << 20;
+
+// Removes temporary files that writers killed mid-write left behind (not this process's own).
+inline void remove_stale_temporaries(const std::filesystem::path& directory) {
+  const std::string own = fmt::format(".tmp-{}", static_cast<long>(::getpid()));
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(directory, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!is_temporary_name(name, checkpoint_prefix) || name.ends_with(own)) continue;
+    std::error_code removed;
+    std::filesystem::remove(it->path(), removed);
+    log(LogLevel::debug, "dtrain: removed {}, left by a checkpoint write that did not finish",
+        it->path().string());
+  }
+}
+
+// Deletes every checkpoint but the newest keep_last (0: keeps all).
+inline void prune_checkpoints(const std::filesystem::path& directory, int keep_last) {
+  if (keep_last <= 0) return;
+  const auto files = list_checkpoint_files(directory);
+  const std::size_t keep = static_cast<std::size_t>(keep_last);
+  for (std::size_t i = 0; i + keep < files.size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove(files[i].path, ec);
+    if (ec)
+      log(LogLevel::warning, "dtrain: cannot delete old checkpoint {}: {}", files[i].path.string(),
+          ec.message());
+  }
+}
+
+// The background half of save(): checksum, atomic write, pruning. Returns the buffer for reuse.
+inline std::vector<char> write_checkpoint_file(std::filesystem::path directory, std::int64_t step,
+                                               int keep_last, std::vector<char> payload) {
+  AtomicFileWriter file(directory / checkpoint_file_name(step));
+  const auto header = checkpoint_header(payload.size());
+  std::uint32_t crc = crc32c(header.data(), header.size());
+  file.write(header.data(), header.size());
+  for (std::size_t at = 0; at < payload.size(); at += checkpoint_write_chunk_bytes) {
+    const std::size_t n = std::min(checkpoint_write_chunk_bytes, payload.size() - at);
+    crc = crc32c_extend(crc, payload.data() + at, n);
+    file.write(payload.data() + at, n);
+  }
+  const auto trailer = checkpoint_trailer(crc);
+  file.write(trailer.data(), trailer.size());
+  file.commit();
+  prune_checkpoints(directory, keep_last);
+  payload.clear();
+  return payload;
+}
+
+// Appends name, a size placeholder and the item's bytes, then patches the size: one copy of the
+// value, straight into the payload.
+inline void write_item(ObjectWriter& w, std::string_view name, const CheckpointItem& item) {
+  w.write(std::string(name));
+  const std::size_t size_at = w.bytes().size();
+  w.write(std::uint64_t{0});
+  item.write(w);
+  const std::uint64_t size = w.bytes().size() - size_at - sizeof(std::uint64_t);
+  std::memcpy(w.bytes().data() + size_at, &size, sizeof size);
+}
+
+inline std::string join_names(std::span<const CheckpointItem> items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + std::string(item.name());
+  return out;
+}
+
+}  // namespace detail
+
+DTRAIN_API Checkpoint::Checkpoint(CheckpointOptions options)
+    : options_(std::move(options)), rank_(dtrain::rank()), world_(dtrain::size()) {
+  if (options_.directory.empty())
+    throw InvalidArgumentError("dtrain: CheckpointOptions::directory is empty: name the folder "
+                               "the checkpoints go to");
+  if (options_.keep_last < 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: CheckpointOptions::keep_last = {}: must be >= 1, or 0 to keep every checkpoint",
+        options_.keep_last));
+  if (rank_ != 0) return;
+  std::error_code ec;
+  std::filesystem::create_directories(options_.directory, ec);
+  if (ec)
+    throw CheckpointError(fmt::format("dtrain: cannot create the checkpoint folder {}: {}",
+                                      options_.directory.string(), ec.message()));
+  detail::remove_stale_temporaries(options_.directory);
+}
+
+DTRAIN_API Checkpoint::Checkpoint(Checkpoint&& other) noexcept
+    : options_(std::move(other.options_)), rank_(other.rank_), world_(other.world_),
+      pending_(std::move(other.pending_)), spare_(std::move(other.spare_)),
+      checked_folder_(other.checked_folder_) {}
+
+DTRAIN_API Checkpoint::~Checkpoint() { finish_quietly(); }
+
+DTRAIN_API Checkpoint& Checkpoint::operator=(Checkpoint&& other) noexcept {
+  if (this != &other) {
+    finish_quietly();
+    options_ = std::move(other.options_);
+    rank_ = other.rank_;
+    world_ = other.world_;
+    pending_ = std::move(other.pending_);
+    spare_ = std::move(other.spare_);
+    checked_folder_ = other.checked_folder_;
+  }
+  return *this;
+}
+
+
+DTRAIN_API std::optional<RestoredCheckpoint> Checkpoint::restore() {
+  std::pair<std::string, std::string> verdict{"none", ""};  // none | ok <file> | error <why>
+  auto bytes = std::make_shared<std::vector<char>>();
+  if (rank_ == 0) verdict = choose(*bytes);
+  verdict = broadcast_object(verdict, 0, "dtrain.checkpoint.restore");
+  if (verdict.first == "error") throw CheckpointError(verdict.second);
+  if (verdict.first == "none") return std::nullopt;
+
+  std::vector<std::int64_t> size{static_cast<std::int64_t>(bytes->size())};
+  broadcast(size, 0, "dtrain.checkpoint.restore.size");
+  bytes->resize(static_cast<std::size_t>(size[0]));
+  std::span<std::uint8_t> view(reinterpret_cast<std::uint8_t*>(bytes->data()), bytes->size());
+  broadcast(view, 0, "dtrain.checkpoint.restore.bytes");
+  detail::CheckpointRecord record;
+  if (const std::string why = detail::parse_checkpoint(*bytes, record); !why.empty())
+    throw CheckpointError(fmt::format("dtrain: checkpoint {} arrived damaged on rank {}: {}",
+                                      verdict.second, rank_, why));
+  checked_folder_ = true;  // restore() picked the newest; later saves continue after it
+  return RestoredCheckpoint(std::move(bytes), std::move(record), verdict.second, rank_);
+}
+
+DTRAIN_API void Checkpoint::save(const TrainingProgress& progress,
+                                std::initializer_list<CheckpointItem> shared,
+                                std::initializer_list<CheckpointItem> per_rank) {
+  check_arguments(progress, shared, per_rank);
+  std::vector<std::vector<std::pair<std::string, std::vector<char>>>> gathered;
+  if (per_rank.size() > 0) gathered = gather_per_rank(per_rank);
+  if (rank_ != 0) return;
+  if (!checked_folder_) refuse_newer_checkpoints(progress.step);
+
+  ObjectWriter w;
+  w.bytes().swap(spare_);  // reuse the capacity of an earlier payload: no fresh pages
+  w.bytes().clear();
+  w.write(progress.step);
+  w.write(progress.epoch);
+  w.write(static_cast<std::int64_t>(world_));
+  w.write(fmt::format("dtrain {}", version()));
+  w.write(static_cast<std::uint64_t>(shared.size()));
+  for (const auto& item : shared) detail::write_item(w, item.name(), item);
+  w.write(static_cast<std::uint64_t>(per_rank.size()));
+  for (std::size_t i = 0; i < per_rank.size(); ++i) {
+    w.write(std::string(std::data(per_rank)[i].name()));
+    for (const auto& rank_items : gathered) w.write(rank_items[i].second);
+  }
+  std::vector<char> payload = std::move(w.bytes());
+
+  wait();
+  pending_ = std::make_unique<detail::PendingWrite>();
+  pending_->result = std::async(std::launch::async, &detail::write_checkpoint_file,
+                                options_.directory, progress.step, options_.keep_last,
+                                std::move(payload));
+}
+
+DTRAIN_API void Checkpoint::wait() {
+  if (!pending_) return;
+  auto pending = std::move(pending_);
+  try {
+    spare_ = pending->result.get();
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("dtrain: writing a checkpoint into {} failed: {}",
+                                      options_.directory.string(), e.what()));
+  }
+}
+
+DTRAIN_API bool Checkpoint::writing() const {
+  return pending_ &&
+         pending_->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+}
+
+
+DTRAIN_API void Checkpoint::finish_quietly() noexcept {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    detail::log(LogLevel::error, "{}", e.what());
+  }
+}
+
+DTRAIN_API void Checkpoint::check_arguments(const TrainingProgress& progress,
+                                           std::span<const CheckpointItem> shared,
+                                           std::span<const CheckpointItem> per_rank) const {
+  if (progress.step < 0 || progress.epoch < 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: Checkpoint::save: step {} and epoch {} must be >= 0", progress.step,
+        progress.epoch));
+  std::vector<std::string_view> names;
+  for (const auto& item : shared) names.push_back(item.name());
+  for (const auto& item : per_rank) names.push_back(item.name());
+  std::sort(names.begin(), names.end());
+  if (!names.empty() && names.front().empty())
+    throw InvalidArgumentError("dtrain: Checkpoint::save: an item has an empty name");
+  if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: Checkpoint::save: item name '{}' appears twice: names must be unique", *dup));
+}
+
+DTRAIN_API Checkpoint::PerRankItems Checkpoint::gather_per_rank(
+    std::span<const CheckpointItem> per_rank) const {
+  std::vector<std::pair<std::string, std::vector<char>>> mine;
+  for (const auto& item : per_rank) {
+    ObjectWriter w;
+    item.write(w);
+    mine.emplace_back(std::string(item.name()), std::move(w.bytes()));
+  }
+  auto all = allgather_object(mine, "dtrain.checkpoint.save.per_rank");
+  for (std::size_t r = 1; r < all.size(); ++r) {
+    bool same = all[r].size() == all[0].size();
+    for (std::size_t i = 0; same && i < all[r].size(); ++i) same = all[r][i].first == all[0][i].first;
+    if (!same) {
+      auto list = [](const auto& items) {
+        std::string out;
+        for (const auto& [n, b] : items) out += (out.empty() ? "" : ", ") + n;
+        return out;
+      };
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: Checkpoint::save: rank {} passed per-rank items ({}), rank 0 passed ({}): "
+          "every rank must pass the same names in the same order",
+          r, list(all[r]), list(all[0])));
+    }
+  }
+  return all;
+}
+
+DTRAIN_API void Checkpoint::refuse_newer_checkpoints(std::int64_t step) {
+  const auto files = detail::list_checkpoint_files(options_.directory);
+  if (!files.empty() && files.back().step > step)
+    throw CheckpointError(fmt::format(
+        "dtrain: checkpoint folder {} already holds {} (step {}), later than this save (step "
+        "{}), and this job did not resume from it: resume (Checkpoint::restore), or use an empty "
+        "folder, or delete the old checkpoints",
+        options_.directory.string(), files.back().path.string(), files.back().step, step));
+  checked_folder_ = true;
+}
+
+DTRAIN_API std::pair<std::string, std::string> Checkpoint::choose(std::vector<char>& bytes) const {
+  std::vector<detail::SkippedCheckpointEntry> skipped;
+  const auto files = detail::list_checkpoint_files(options_.directory, &skipped);
+  for (const auto& entry : skipped)
+    detail::log(LogLevel::warning, "dtrain: skipping {}: it is named like a checkpoint but is {}",
+                entry.path.string(), entry.what);
+  for (auto it = files.rbegin(); it != files.rend(); ++it) {
+    detail::CheckpointRecord record;
+    std::string why = detail::read_file_bytes(it->path, bytes);
+    if (why.empty()) why = detail::parse_checkpoint(bytes, record);
+    if (why.empty() && record.step != it->step)
+      why = fmt::format("it holds step {} but is named for step {}", record.step, it->step);
+    if (!why.empty()) {
+      set_aside(it->path, why);
+      continue;
+    }
+    if (std::string refusal = world_size_refusal(it->path, record); !refusal.empty())
+      return {"error", std::move(refusal)};
+    detail::log(LogLevel::info, "dtrain: resuming from checkpoint {} (step {}, epoch {})",
+                it->path.string(), record.step, record.epoch);
+    return {"ok", it->path.string()};
+  }
+  bytes.clear();
+  return {"none", ""};
+}
+
+DTRAIN_API void Checkpoint::set_aside(const std::filesystem::path& path, const std::string& why) {
+  const std::filesystem::path aside = path.string() + ".invalid";
+  std::error_code ec;
+  std::filesystem::rename(path, aside, ec);
+  detail::log(LogLevel::warning, "dtrain: skipping checkpoint {}: {}; {}", path.string(), why,
+              ec ? fmt::format("could not rename it aside: {}", ec.message())
+                 : fmt::format("renamed it to {}", aside.string()));
+}
+
+DTRAIN_API std::string Checkpoint::world_size_refusal(const std::filesystem::path& path,
+                                                    const detail::CheckpointRecord& record) const {
+  if (record.world_size == world_) return {};
+  if (!record.per_rank.empty()) {
+    std::string names;
+    for (const auto& [n, b] : record.per_rank) names += (names.empty() ? "'" : ", '") + n + "'";
+    return fmt::format(
+        "dtrain: cannot resume from checkpoint {}: it was written by {} ranks and holds per-rank "
+        "state ({}) for each of them, but this job has {} ranks. Restart with {} ranks, or save "
+        "that state as shared items",
+        path.string(), record.world_size, names, world_, record.world_size);
+  }
+  if (options_.on_world_size_change == WorldSizeChange::refuse)
+    return fmt::format(
+        "dtrain: cannot resume from checkpoint {}: it was written by {} ranks, this job has {}, "
+        "and CheckpointOptions::on_world_size_change is refuse. Restart with {} ranks, or allow "
+        "WorldSizeChange::reshard (samplers then continue the epoch over {} ranks)",
+        path.string(), record.world_size, world_, record.world_size, world_);
+  detail::log(LogLevel::warning,
+              "dtrain: checkpoint {} was written by {} ranks, this job has {}: samplers that load "
+              "its state re-shard the rest of epoch {} over {} ranks, and the global batch "
+              "changes with the world size",
+              path.string(), record.world_size, world_, record.epoch, world_);
+  return {};
+}
+
+}  // namespace dtrain
