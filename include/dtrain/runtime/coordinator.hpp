@@ -14,8 +14,10 @@
 // then the coordinator waits up to the cycle time for them so they fuse into the same response.
 // An op that arrives at an idle engine is never delayed by the cycle time.
 //
-// The coordinator keeps the cache side of Note [Response cache] (runtime/response_cache.hpp) and
-// asks the stall inspector (runtime/stall_inspector.hpp) when ops have waited too long.
+// The coordinator checks ready ops across ranks as Note [Validation across ranks]
+// (runtime/cross_rank_validation.hpp) says, keeps the cache side of Note [Response cache]
+// (runtime/response_cache.hpp) and asks the stall inspector (runtime/stall_inspector.hpp) when ops
+// have waited too long.
 //
 // Note [Failed ops]
 // An op can fail before every rank has submitted it: a rank rejected its own call (a local argument
@@ -46,7 +48,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtrain/runtime/cross_rank_validation.hpp"
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/ready_op.hpp"
 #include "dtrain/runtime/response_cache.hpp"
 #include "dtrain/runtime/stall_inspector.hpp"
 
@@ -209,17 +213,9 @@ class Coordinator {
  private:
   struct Pending {
     OpKind kind = OpKind::allreduce;
-    std::vector<std::optional<Request>> per_rank;
+    PerRankRequests per_rank;
     int submitted = 0;
     Clock::time_point first_seen;
-  };
-  struct Ready {
-    Request request;                 // canonical: the first submitting rank's request
-    std::vector<std::int64_t> rank_rows;
-    std::int32_t contributors = 0;
-    ErrorKind error = ErrorKind::none;
-    std::string message;
-    std::vector<std::int32_t> error_ranks;  // empty: every rank
   };
   // A verdict remembered for the ranks that have not submitted the name yet (Note [Failed ops]).
   struct Failed {
@@ -432,7 +428,7 @@ class Coordinator {
 
   void push_error(const Request& q, ErrorKind error, const std::string& message,
                   std::vector<std::int32_t> ranks, Clock::time_point now) {
-    Ready r;
+    ReadyOp r;
     r.request = q;
     r.error = error;
     r.message = message;
@@ -468,7 +464,7 @@ class Coordinator {
     if (hooks_.negotiated) hooks_.negotiated(name, p.kind, p.first_seen, now);
     stats_.wait_for_slowest_ns += static_cast<std::uint64_t>(
         std::chrono::duration_cast<std::chrono::nanoseconds>(now - p.first_seen).count());
-    Ready ready = validate(name, p);
+    ReadyOp ready = validate_across_ranks(name, p.per_rank);
     const std::string group = ready.request.group;
     if (!group.empty()) {
       auto& members = groups_[group];
@@ -482,9 +478,9 @@ class Coordinator {
     push_ready(std::move(ready), now);
   }
 
-  void push_ready(Ready r, Clock::time_point now) {
+  void push_ready(ReadyOp r, Clock::time_point now) {
     if (ready_.empty()) first_ready_ = now;
-    ready_bytes_ += r.request.numel() * static_cast<std::int64_t>(element_size(r.request.dtype));
+    ready_bytes_ += r.bytes();
     ready_.push_back(std::move(r));
   }
 
@@ -496,95 +492,7 @@ class Coordinator {
     return !burst_under_way || now - first_ready_ >= cycle();
   }
 
-  template <class F>
-  std::string by_value(const Pending& p, F&& field) const {
-    std::map<std::string, std::vector<int>> groups;
-    for (int r = 0; r < opt_.size; ++r)
-      if (p.per_rank[r]) groups[field(*p.per_rank[r])].push_back(r);
-    std::string out;
-    for (const auto& [value, ranks] : groups)
-      out += fmt::format("{}{} on ranks [{}]", out.empty() ? "" : "; ", value, fmt::join(ranks, ", "));
-    return out;
-  }
-
-  Ready validate(const std::string& name, const Pending& p) const {
-    Ready out;
-    out.request = *p.per_rank[first_present(p)];
-    out.contributors = p.submitted;
-    auto fail = [&](ErrorKind kind, std::string msg) {
-      out.error = kind;
-      out.message = std::move(msg);
-      return out;
-    };
-    auto mismatch = [&](std::string_view field, auto&& get) -> std::optional<Ready> {
-      const auto reference = get(out.request);
-      for (int r = 0; r < opt_.size; ++r) {
-        if (p.per_rank[r] && get(*p.per_rank[r]) != reference) {
-          return fail(ErrorKind::mismatch,
-                      fmt::format("dtrain: ranks disagree on the {} of {} '{}': {}. Run with "
-                                  "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
-                                  field, out.request.kind, name,
-                                  by_value(p, [&](const Request& q) { return fmt::format("{}", get(q)); })));
-        }
-      }
-      return std::nullopt;
-    };
-    const OpKind kind = out.request.kind;
-    auto shape_s = [](const Request& q) { return fmt::format("[{}]", fmt::join(q.shape, ", ")); };
-    auto row_shape_s = [](const Request& q) {
-      return q.shape.size() <= 1 ? std::string("[]")
-                                 : fmt::format("[{}]", fmt::join(q.shape.begin() + 1, q.shape.end(), ", "));
-    };
-    if (auto e = mismatch("op kind", [](const Request& q) { return q.kind; })) return *e;
-    if (auto e = mismatch("dtype", [](const Request& q) { return q.dtype; })) return *e;
-    if (auto e = mismatch("device", [](const Request& q) { return q.device; })) return *e;
-    if (kind == OpKind::allreduce || kind == OpKind::reducescatter) {
-      if (auto e = mismatch("reduce op", [](const Request& q) { return q.reduce_op; })) return *e;
-      if (auto e = mismatch("prescale factor", [](const Request& q) { return q.prescale; })) return *e;
-      if (auto e = mismatch("postscale factor", [](const Request& q) { return q.postscale; })) return *e;
-    }
-    if (kind == OpKind::allreduce || kind == OpKind::reducescatter || kind == OpKind::broadcast) {
-      if (auto e = mismatch("shape", shape_s)) return *e;
-    }
-    if (kind == OpKind::allgather || kind == OpKind::alltoall) {
-      if (auto e = mismatch("number of dimensions", [](const Request& q) { return q.shape.size(); })) return *e;
-      if (auto e = mismatch("shape beyond dim 0", row_shape_s)) return *e;
-    }
-    if (kind == OpKind::broadcast) {
-      if (auto e = mismatch("root rank", [](const Request& q) { return q.root; })) return *e;
-      if (joined_[out.request.root] && !p.per_rank[out.request.root])
-        return fail(ErrorKind::invalid_argument,
-                    fmt::format("dtrain: broadcast '{}' has root rank {}, which has already joined",
-                                name, out.request.root));
-    }
-    if (auto e = mismatch("group", [](const Request& q) { return q.group + "/" + std::to_string(q.group_size); })) return *e;
-    const bool someone_joined = p.submitted < opt_.size;
-    if (someone_joined && (kind == OpKind::alltoall || kind == OpKind::reducescatter)) {
-      return fail(ErrorKind::invalid_argument,
-                  fmt::format("dtrain: {} '{}' cannot run while ranks [{}] have joined: only "
-                              "allreduce, allgather, broadcast and barrier accept joined ranks",
-                              kind, name, fmt::join(missing_ranks(p), ", ")));
-    }
-    // A joined rank contributes the op's identity (0, 1, +inf or -inf) from host memory; the
-    // device path has no such fill, so there only Sum and Average accept joined ranks.
-    if (someone_joined && kind == OpKind::allreduce && out.request.device.is_cuda() &&
-        out.request.reduce_op != ReduceOp::Sum && out.request.reduce_op != ReduceOp::Average) {
-      return fail(ErrorKind::invalid_argument,
-                  fmt::format("dtrain: allreduce '{}' with ReduceOp::{} on {} cannot run while "
-                              "ranks [{}] have joined: device tensors accept joined ranks for Sum "
-                              "and Average only",
-                              name, out.request.reduce_op, out.request.device,
-                              fmt::join(missing_ranks(p), ", ")));
-    }
-    if (kind == OpKind::allgather) {
-      out.rank_rows.assign(opt_.size, 0);
-      for (int r = 0; r < opt_.size; ++r)
-        if (p.per_rank[r]) out.rank_rows[r] = p.per_rank[r]->dim0();
-    }
-    return out;
-  }
-
-  static bool fusable(const Ready& r) {
+  static bool fusable(const ReadyOp& r) {
     return r.error == ErrorKind::none && r.request.kind == OpKind::allreduce;
   }
 
@@ -772,12 +680,12 @@ class Coordinator {
   CoordinatorOptions opt_;
   CoordinatorHooks hooks_;
   std::unordered_map<std::string, Pending> table_;
-  std::unordered_map<std::string, std::vector<Ready>> groups_;  // ready members by group
+  std::unordered_map<std::string, std::vector<ReadyOp>> groups_;  // ready members by group
   std::unordered_map<std::string, GroupSizes> group_sizes_;
   std::unordered_map<std::string, Failed> failed_;
   std::unordered_map<std::string, Failed> failed_groups_;
   std::vector<std::pair<std::string, int>> settling_;  // (group, rank) settled after a message
-  std::vector<Ready> ready_;
+  std::vector<ReadyOp> ready_;
   std::int64_t ready_bytes_ = 0;
   Clock::time_point first_ready_;
   std::vector<bool> joined_;

@@ -1,0 +1,28 @@
+#pragma once
+// An op the coordinator has settled: every rank it waits for has submitted it, or it failed before
+// that. Validation across ranks (runtime/cross_rank_validation.hpp) produces these, and the
+// coordinator turns them, in order, into the responses of its next message.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/runtime/messages.hpp"
+
+namespace dtrain::detail {
+
+struct ReadyOp {
+  Request request;                        // canonical: the first submitting rank's request
+  std::vector<std::int64_t> rank_rows;    // allgather: dim 0 of every rank (0 for joined ranks)
+  std::int32_t contributors = 0;          // ranks that submitted it; the others have joined
+  ErrorKind error = ErrorKind::none;
+  std::string message;
+  std::vector<std::int32_t> error_ranks;  // empty: every rank
+
+  bool failed() const noexcept { return error != ErrorKind::none; }
+  // What the op adds to a fusion buffer.
+  std::int64_t bytes() const {
+    return request.numel() * static_cast<std::int64_t>(element_size(request.dtype));
+  }
+};
+
+}  // namespace dtrain::detail
