@@ -15,7 +15,8 @@
 // An op that arrives at an idle engine is never delayed by the cycle time.
 //
 // The coordinator checks ready ops across ranks as Note [Validation across ranks]
-// (runtime/cross_rank_validation.hpp) says, keeps the cache side of Note [Response cache]
+// (runtime/cross_rank_validation.hpp) says and fuses them as Note [Fusion planning]
+// (runtime/fusion_planner.hpp) says, keeps the cache side of Note [Response cache]
 // (runtime/response_cache.hpp) and asks the stall inspector (runtime/stall_inspector.hpp) when ops
 // have waited too long.
 //
@@ -49,6 +50,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/runtime/cross_rank_validation.hpp"
+#include "dtrain/runtime/fusion_planner.hpp"
 #include "dtrain/runtime/messages.hpp"
 #include "dtrain/runtime/ready_op.hpp"
 #include "dtrain/runtime/response_cache.hpp"
@@ -492,62 +494,13 @@ class Coordinator {
     return !burst_under_way || now - first_ready_ >= cycle();
   }
 
-  static bool fusable(const ReadyOp& r) {
-    return r.error == ErrorKind::none && r.request.kind == OpKind::allreduce;
-  }
-
+  // Turns the ready ops into responses (Note [Fusion planning]) and caches those that succeed.
   void plan(ResponseMessage& msg) {
-    const std::int64_t threshold = opt_.fusion_threshold_bytes;
-    struct Open {
-      std::size_t index;
-      std::int64_t bytes;
-    };
-    std::vector<Open> open;  // fusable responses that can still take tensors
-    for (auto& r : ready_) {
-      const Request& q = r.request;
-      const std::int64_t bytes = q.numel() * static_cast<std::int64_t>(element_size(q.dtype));
-      if (fusable(r) && threshold > 0 && bytes <= threshold) {
-        bool placed = false;
-        for (auto& o : open) {
-          Response& s = msg.responses[o.index];
-          if (s.dtype == q.dtype && s.device == q.device && s.reduce_op == q.reduce_op &&
-              s.prescale == q.prescale && s.postscale == q.postscale &&
-              s.active_ranks == r.contributors && o.bytes + bytes <= threshold) {
-            if (s.names.size() == 1) ++stats_.fused_tensors;
-            ++stats_.fused_tensors;
-            s.names.push_back(q.name);
-            s.numels.push_back(q.numel());
-            o.bytes += bytes;
-            placed = true;
-            break;
-          }
-        }
-        if (placed) {
-          cache_.note_success(q, msg, next_seq_);
-          continue;
-        }
-        open.push_back({msg.responses.size(), bytes});
-      }
-      Response s;
-      s.kind = q.kind;
-      s.names = {q.name};
-      s.numels = {q.numel()};
-      s.dtype = q.dtype;
-      s.device = q.device;
-      s.reduce_op = q.reduce_op;
-      s.prescale = q.prescale;
-      s.postscale = q.postscale;
-      s.root = q.root;
-      s.shape = q.shape;
-      s.rank_rows = std::move(r.rank_rows);
-      s.active_ranks = r.contributors;
-      s.error = r.error;
-      s.error_message = std::move(r.message);
-      s.error_ranks = std::move(r.error_ranks);
-      if (s.error == ErrorKind::none) {
-        ++stats_.responses;
-        cache_.note_success(q, msg, next_seq_);
-      }
+    for (const ReadyOp& op : ready_)
+      if (!op.failed()) cache_.note_success(op.request, msg, next_seq_);
+    for (Response& s : plan_responses(ready_, opt_.fusion_threshold_bytes)) {
+      if (s.error == ErrorKind::none) ++stats_.responses;
+      if (s.names.size() > 1) stats_.fused_tensors += s.names.size();
       msg.responses.push_back(std::move(s));
     }
     ready_.clear();

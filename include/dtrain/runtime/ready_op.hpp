@@ -1,7 +1,8 @@
 #pragma once
 // An op the coordinator has settled: every rank it waits for has submitted it, or it failed before
-// that. Validation across ranks (runtime/cross_rank_validation.hpp) produces these, and the
-// coordinator turns them, in order, into the responses of its next message.
+// that. Validation across ranks (runtime/cross_rank_validation.hpp) produces these, and the fusion
+// planner (runtime/fusion_planner.hpp) turns them, in order, into the responses of the next
+// message.
 #include <cstdint>
 #include <string>
 #include <vector>
