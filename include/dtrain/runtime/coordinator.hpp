@@ -16,19 +16,10 @@
 //
 // The coordinator checks ready ops across ranks as Note [Validation across ranks]
 // (runtime/cross_rank_validation.hpp) says and fuses them as Note [Fusion planning]
-// (runtime/fusion_planner.hpp) says, keeps the cache side of Note [Response cache]
+// (runtime/fusion_planner.hpp) says, remembers failed ops as Note [Failed ops]
+// (runtime/failed_ops.hpp) says, keeps the cache side of Note [Response cache]
 // (runtime/response_cache.hpp) and asks the stall inspector (runtime/stall_inspector.hpp) when ops
 // have waited too long.
-//
-// Note [Failed ops]
-// An op can fail before every rank has submitted it: a rank rejected its own call (a local argument
-// error: it submits the name with the reason instead of the tensor, so the others do not wait for
-// it and generated names stay in step), the ranks disagree on the size of a group, or the op waited
-// longer than DTRAIN_OP_TIMEOUT_SECONDS for ranks that never submitted it. The coordinator then
-// fails the op at once on the ranks that submitted it and remembers the verdict until every rank
-// has submitted the name once (or shut down), so a rank that arrives later fails at once with the
-// same error instead of waiting for peers that have moved on. A name's next submission by the
-// same rank is a new op.
 //
 // Note [Join]
 // A rank that joined takes part in every allreduce, allgather and broadcast with nothing of its own
@@ -50,6 +41,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/runtime/cross_rank_validation.hpp"
+#include "dtrain/runtime/failed_ops.hpp"
 #include "dtrain/runtime/fusion_planner.hpp"
 #include "dtrain/runtime/messages.hpp"
 #include "dtrain/runtime/ready_op.hpp"
@@ -95,8 +87,8 @@ struct CoordinatorHooks {
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions o, CoordinatorHooks hooks = {})
-      : opt_(o), hooks_(std::move(hooks)), joined_(o.size, false), shut_down_(o.size, false),
-        applied_(o.size, 0), last_heard_(o.size), cache_(o.cache_capacity),
+      : opt_(o), hooks_(std::move(hooks)), failed_(o.size), joined_(o.size, false),
+        shut_down_(o.size, false), applied_(o.size, 0), last_heard_(o.size), cache_(o.cache_capacity),
         stall_(StallOptions{o.stall_check_disable, o.stall_check_time_seconds,
                             o.stall_shutdown_time_seconds}) {}
 
@@ -111,14 +103,11 @@ class Coordinator {
       add_request(r, std::move(q), now);
     }
     for (const auto& q : m.requests) add_request(r, q, now);
-    // A rank submits all members of a group in one message, so a failed group is settled for it
-    // once the whole message has been read.
-    for (const auto& [group, k] : settling_) settle(failed_groups_, group, k);
-    settling_.clear();
+    failed_.message_read();  // a rank submits a whole group in one message (Note [Failed ops])
     if (m.shutdown && !shut_down_[r]) {
       shut_down_[r] = true;
       ++shut_down_count_;
-      settle_failed_for_shut_down_rank(r);
+      failed_.rank_shut_down(r);
     }
     cache_.retire(applied_);
   }
@@ -182,7 +171,7 @@ class Coordinator {
   const CoordinatorStats& stats() const noexcept { return stats_; }
   std::size_t cache_size() const noexcept { return cache_.size(); }
   // Verdicts still waiting for ranks that have not submitted the name (Note [Failed ops]).
-  std::size_t failed_remembered() const noexcept { return failed_.size() + failed_groups_.size(); }
+  std::size_t failed_remembered() const noexcept { return failed_.remembered(); }
 
   // Human-readable list of what is pending and who is missing (stall warnings, shutdown errors).
   std::string pending_report(Clock::time_point now, std::size_t max_items = 20) const {
@@ -206,8 +195,8 @@ class Coordinator {
       }
       const auto& p = kv->second;
       out += fmt::format("\n  {} '{}': submitted by ranks [{}], missing on ranks [{}], waiting {:.1f} s",
-                         p.kind, kv->first, fmt::join(present_ranks(p), ", "),
-                         fmt::join(missing_ranks(p), ", "), seconds(now - p.first_seen));
+                         p.kind, kv->first, fmt::join(submitting_ranks(p.per_rank), ", "),
+                         fmt::join(absent_ranks(p.per_rank), ", "), seconds(now - p.first_seen));
     }
     return out;
   }
@@ -219,17 +208,6 @@ class Coordinator {
     int submitted = 0;
     Clock::time_point first_seen;
   };
-  // A verdict remembered for the ranks that have not submitted the name yet (Note [Failed ops]).
-  struct Failed {
-    ErrorKind error = ErrorKind::none;
-    std::string message;
-    std::vector<bool> settled;  // per rank: has submitted the name (or shut down)
-  };
-  // What each rank said about the size of a group still being negotiated.
-  struct GroupSizes {
-    std::vector<std::optional<std::int32_t>> per_rank;
-  };
-
   static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
   static Clock::duration from_seconds(double s) {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
@@ -246,18 +224,6 @@ class Coordinator {
       if (flags[r] == value) out.push_back(static_cast<int>(r));
     return out;
   }
-  std::vector<std::int32_t> present_ranks(const Pending& p) const {
-    std::vector<std::int32_t> out;
-    for (int r = 0; r < opt_.size; ++r)
-      if (p.per_rank[r]) out.push_back(r);
-    return out;
-  }
-  std::vector<int> missing_ranks(const Pending& p) const {
-    std::vector<int> out;
-    for (int r = 0; r < opt_.size; ++r)
-      if (!p.per_rank[r]) out.push_back(r);
-    return out;
-  }
 
   void add_request(int r, Request q, Clock::time_point now) {
     ++stats_.requests;
@@ -265,16 +231,20 @@ class Coordinator {
       add_join(r, now);
       return;
     }
-    if (settle_failed(r, q, now)) return;
-    if (!q.rejected.empty()) {
-      fail_arriving(r, q, ErrorKind::invalid_argument,
-                    fmt::format("dtrain: {} '{}' was rejected on rank {}: {}",
-                                q.group.empty() ? to_string(q.kind) : "grouped_allreduce",
-                                q.group.empty() ? q.name : q.group, r, q.rejected),
-                    now);
+    if (auto verdict = failed_.verdict_for(r, q)) {
+      push_error(q, *verdict, {r}, now);
       return;
     }
-    if (!q.group.empty() && !check_group_size(r, q, now)) return;
+    if (!q.rejected.empty()) {
+      fail_arriving(r, q, rejected_verdict(r, q), now);
+      return;
+    }
+    if (!q.group.empty()) {
+      if (auto mismatch = failed_.group_size_mismatch(r, q)) {
+        fail_group(q.group, {ErrorKind::mismatch, std::move(*mismatch)}, r, &q, now);
+        return;
+      }
+    }
     auto [it, inserted] = table_.try_emplace(q.name);
     Pending& p = it->second;
     if (inserted) {
@@ -302,158 +272,6 @@ class Coordinator {
     for (auto& name : now_ready) make_ready(name, now);
   }
 
-  // A rank submitting a name whose op has already failed gets the same error at once.
-  bool settle_failed(int r, const Request& q, Clock::time_point now) {
-    if (auto it = failed_.find(q.name); it != failed_.end() && !it->second.settled[r]) {
-      push_error(q, it->second.error, it->second.message, {r}, now);
-      settle(failed_, q.name, r);
-      return true;
-    }
-    if (q.group.empty()) return false;
-    auto g = failed_groups_.find(q.group);
-    if (g == failed_groups_.end() || g->second.settled[r]) return false;
-    push_error(q, g->second.error, g->second.message, {r}, now);
-    settling_.emplace_back(q.group, r);
-    return true;
-  }
-
-  static bool all_settled(const Failed& f) {
-    return std::all_of(f.settled.begin(), f.settled.end(), [](bool b) { return b; });
-  }
-  static void settle(std::unordered_map<std::string, Failed>& verdicts, const std::string& key, int r) {
-    auto it = verdicts.find(key);
-    if (it == verdicts.end()) return;
-    it->second.settled[r] = true;
-    if (all_settled(it->second)) verdicts.erase(it);
-  }
-  void remember(std::unordered_map<std::string, Failed>& verdicts, const std::string& key, Failed f) {
-    for (int k = 0; k < opt_.size; ++k) f.settled[k] = f.settled[k] || shut_down_[k];
-    if (!all_settled(f)) verdicts[key] = std::move(f);
-  }
-
-  // Ranks must agree on the number of members of a group; a disagreement fails the whole group
-  // on every rank (Note [Failed ops]). Returns false when the group has failed.
-  bool check_group_size(int r, const Request& q, Clock::time_point now) {
-    GroupSizes& g = group_sizes_[q.group];
-    if (g.per_rank.empty()) g.per_rank.resize(opt_.size);
-    if (!g.per_rank[r]) g.per_rank[r] = q.group_size;
-    for (int k = 0; k < opt_.size; ++k) {
-      if (!g.per_rank[k] || *g.per_rank[k] == q.group_size) continue;
-      std::map<std::int32_t, std::vector<int>> by_size;
-      for (int j = 0; j < opt_.size; ++j)
-        if (g.per_rank[j]) by_size[*g.per_rank[j]].push_back(j);
-      std::string values;
-      for (const auto& [n, ranks] : by_size)
-        values += fmt::format("{}{} on ranks [{}]", values.empty() ? "" : "; ", n, fmt::join(ranks, ", "));
-      fail_group(q.group, ErrorKind::mismatch,
-                 fmt::format("dtrain: ranks disagree on the number of tensors in grouped_allreduce "
-                             "'{}': {}. Every rank must pass the same number of tensors.",
-                             q.group, values),
-                 r, &q, now);
-      return false;
-    }
-    return true;
-  }
-
-  // Fails every member of `group` on every rank. `arriving` (from rank r, whose message is still
-  // being read) is a member not in the table yet; r is -1 when nothing is arriving.
-  void fail_group(const std::string& group, ErrorKind error, const std::string& message, int r,
-                  const Request* arriving, Clock::time_point now) {
-    Failed f{error, message, std::vector<bool>(opt_.size, false)};
-    if (auto g = group_sizes_.find(group); g != group_sizes_.end()) {
-      // A rank that stated the group's size has submitted all its members already.
-      for (int k = 0; k < opt_.size; ++k) f.settled[k] = k != r && g->second.per_rank[k].has_value();
-      group_sizes_.erase(g);
-    }
-    std::vector<std::string> names;
-    for (const auto& [name, p] : table_)
-      if (p.per_rank[first_present(p)]->group == group) names.push_back(name);
-    for (const auto& name : names) {
-      auto node = table_.extract(name);
-      auto ranks = present_ranks(node.mapped());
-      if (arriving && arriving->name == name) ranks.push_back(r);
-      push_error(*node.mapped().per_rank[first_present(node.mapped())], error, message,
-                 std::move(ranks), now);
-    }
-    bool arriving_ready = false;
-    if (auto g = groups_.find(group); g != groups_.end()) {
-      for (auto& member : g->second) {
-        push_error(member.request, error, message, {}, now);  // ready: every rank has it
-        arriving_ready |= arriving && arriving->name == member.request.name;
-      }
-      groups_.erase(g);
-    }
-    const bool arriving_seen = arriving && (arriving_ready || std::find(names.begin(), names.end(), arriving->name) != names.end());
-    if (arriving && !arriving_seen) push_error(*arriving, error, message, {r}, now);
-    if (r >= 0) settling_.emplace_back(group, r);
-    if (r >= 0) failed_groups_[group] = std::move(f);  // settled for r once its message is read
-    else remember(failed_groups_, group, std::move(f));
-  }
-
-  // Fails op `q.name`, which rank r has just submitted, on every rank that submitted it or will.
-  void fail_arriving(int r, const Request& q, ErrorKind error, const std::string& message,
-                     Clock::time_point now) {
-    if (!q.group.empty()) {
-      fail_group(q.group, error, message, r, &q, now);
-      return;
-    }
-    Failed f{error, message, std::vector<bool>(opt_.size, false)};
-    std::vector<std::int32_t> ranks;
-    if (auto it = table_.find(q.name); it != table_.end()) {
-      for (int k = 0; k < opt_.size; ++k) f.settled[k] = it->second.per_rank[k].has_value();
-      ranks = present_ranks(it->second);
-      table_.erase(it);
-    }
-    f.settled[r] = true;
-    ranks.push_back(r);
-    push_error(q, error, message, std::move(ranks), now);
-    remember(failed_, q.name, std::move(f));
-  }
-
-  // Fails a pending op on every rank that submitted it or will.
-  void fail_pending(const std::string& name, ErrorKind error, const std::string& message,
-                    Clock::time_point now) {
-    auto it = table_.find(name);
-    if (it == table_.end()) return;
-    const Request q = *it->second.per_rank[first_present(it->second)];
-    if (!q.group.empty()) {
-      fail_group(q.group, error, message, -1, nullptr, now);
-      return;
-    }
-    Failed f{error, message, std::vector<bool>(opt_.size, false)};
-    for (int k = 0; k < opt_.size; ++k) f.settled[k] = it->second.per_rank[k].has_value();
-    auto ranks = present_ranks(it->second);
-    table_.erase(it);
-    push_error(q, error, message, std::move(ranks), now);
-    remember(failed_, name, std::move(f));
-  }
-
-  void push_error(const Request& q, ErrorKind error, const std::string& message,
-                  std::vector<std::int32_t> ranks, Clock::time_point now) {
-    ReadyOp r;
-    r.request = q;
-    r.error = error;
-    r.message = message;
-    r.error_ranks = std::move(ranks);
-    push_ready(std::move(r), now);
-  }
-
-  // A rank that shut down will never submit: it no longer holds a remembered verdict open.
-  void settle_failed_for_shut_down_rank(int r) {
-    for (auto* verdicts : {&failed_, &failed_groups_}) {
-      for (auto it = verdicts->begin(); it != verdicts->end();) {
-        it->second.settled[r] = true;
-        it = all_settled(it->second) ? verdicts->erase(it) : std::next(it);
-      }
-    }
-  }
-
-  int first_present(const Pending& p) const {
-    int first = 0;
-    while (!p.per_rank[first]) ++first;
-    return first;
-  }
-
   bool is_ready(const Pending& p) const {
     for (int r = 0; r < opt_.size; ++r)
       if (!p.per_rank[r] && !joined_[r]) return false;
@@ -474,7 +292,7 @@ class Coordinator {
       if (static_cast<std::int32_t>(members.size()) < members.front().request.group_size) return;
       for (auto& m : members) push_ready(std::move(m), now);
       groups_.erase(group);
-      group_sizes_.erase(group);
+      failed_.group_complete(group);
       return;
     }
     push_ready(std::move(ready), now);
@@ -484,6 +302,80 @@ class Coordinator {
     if (ready_.empty()) first_ready_ = now;
     ready_bytes_ += r.bytes();
     ready_.push_back(std::move(r));
+  }
+
+  void push_error(const Request& q, const Verdict& verdict, std::vector<std::int32_t> ranks,
+                  Clock::time_point now) {
+    push_ready(ReadyOp::failure(q, verdict, std::move(ranks)), now);
+  }
+
+  // Fails every member of `group` on every rank (Note [Failed ops]). `arriving` (from rank r,
+  // whose message is still being read) is a member not in the table yet; r is -1 when nothing is
+  // arriving.
+  void fail_group(const std::string& group, const Verdict& verdict, int r,
+                  const Request* arriving, Clock::time_point now) {
+    failed_.fail_group(group, verdict, r, shut_down_);
+    std::vector<std::string> names;
+    for (const auto& [name, p] : table_)
+      if (first_submission(p.per_rank).group == group) names.push_back(name);
+    for (const auto& name : names) {
+      auto node = table_.extract(name);
+      const PerRankRequests& per_rank = node.mapped().per_rank;
+      auto ranks = submitting_ranks(per_rank);
+      if (arriving && arriving->name == name) ranks.push_back(r);
+      push_error(first_submission(per_rank), verdict, std::move(ranks), now);
+    }
+    bool arriving_ready = false;
+    if (auto g = groups_.find(group); g != groups_.end()) {
+      for (auto& member : g->second) {
+        push_error(member.request, verdict, {}, now);  // ready: every rank has it
+        arriving_ready |= arriving && arriving->name == member.request.name;
+      }
+      groups_.erase(g);
+    }
+    const bool arriving_seen =
+        arriving && (arriving_ready || std::ranges::find(names, arriving->name) != names.end());
+    if (arriving && !arriving_seen) push_error(*arriving, verdict, {r}, now);
+  }
+
+  // Fails op `q.name`, which rank r has just submitted, on every rank that submitted it or will.
+  void fail_arriving(int r, const Request& q, const Verdict& verdict, Clock::time_point now) {
+    if (!q.group.empty()) {
+      fail_group(q.group, verdict, r, &q, now);
+      return;
+    }
+    std::vector<std::int32_t> ranks;
+    if (auto it = table_.find(q.name); it != table_.end()) {
+      ranks = submitting_ranks(it->second.per_rank);
+      table_.erase(it);
+    }
+    ranks.push_back(r);
+    failed_.fail_name(q.name, verdict, ranks, shut_down_);
+    push_error(q, verdict, std::move(ranks), now);
+  }
+
+  // Fails a pending op on every rank that submitted it or will.
+  void fail_pending(const std::string& name, const Verdict& verdict, Clock::time_point now) {
+    auto it = table_.find(name);
+    if (it == table_.end()) return;  // failed with its group
+    const Request q = first_submission(it->second.per_rank);
+    if (!q.group.empty()) {
+      fail_group(q.group, verdict, -1, nullptr, now);
+      return;
+    }
+    auto ranks = submitting_ranks(it->second.per_rank);
+    table_.erase(it);
+    failed_.fail_name(name, verdict, ranks, shut_down_);
+    push_error(q, verdict, std::move(ranks), now);
+  }
+
+  // Fails every pending op on which `verdict_on(name, pending)` gives a verdict, and with it.
+  template <class VerdictOn>
+  void fail_pending_where(VerdictOn&& verdict_on, Clock::time_point now) {
+    std::vector<std::pair<std::string, Verdict>> doomed;
+    for (const auto& [name, p] : table_)
+      if (std::optional<Verdict> v = verdict_on(name, p)) doomed.emplace_back(name, std::move(*v));
+    for (const auto& [name, verdict] : doomed) fail_pending(name, verdict, now);
   }
 
   bool due(Clock::time_point now) const {
@@ -544,48 +436,23 @@ class Coordinator {
   // TimeoutError on every rank (Note [Failed ops]).
   void time_out_ops(Clock::time_point now) {
     if (opt_.op_timeout_seconds <= 0) return;
-    std::vector<std::string> expired;
-    for (const auto& [name, p] : table_)
-      if (now - p.first_seen >= op_timeout()) expired.push_back(name);
-    for (const auto& name : expired) {
-      auto it = table_.find(name);
-      if (it == table_.end()) continue;  // failed with its group
-      const Pending& p = it->second;
-      const Request& q = *p.per_rank[first_present(p)];
-      fail_pending(name, ErrorKind::timeout,
-           fmt::format("dtrain: {} '{}' timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks "
-                       "[{}] never submitted it (submitted by ranks [{}]). Those ranks took a "
-                       "different code path, are stuck, or are still busy; if a rank "
-                       "legitimately works alone for that long, raise DTRAIN_OP_TIMEOUT_SECONDS.",
-                       q.kind, name, opt_.op_timeout_seconds,
-                       fmt::join(missing_ranks(p), ", "), fmt::join(present_ranks(p), ", ")),
-           now);
-    }
+    fail_pending_where([&](const std::string& name, const Pending& p) -> std::optional<Verdict> {
+      if (now - p.first_seen < op_timeout()) return std::nullopt;
+      return timed_out_verdict(first_submission(p.per_rank).kind, name, opt_.op_timeout_seconds,
+                               absent_ranks(p.per_rank), submitting_ranks(p.per_rank));
+    }, now);
   }
 
+  // Ops that wait for a rank that has shut down can never complete.
   void fail_ops_waiting_for_shut_down_ranks(Clock::time_point now) {
     if (shut_down_count_ == 0) return;
-    std::vector<std::string> doomed;
-    for (const auto& [name, p] : table_)
-      for (int r = 0; r < opt_.size; ++r)
-        if (!p.per_rank[r] && shut_down_[r]) {
-          doomed.push_back(name);
-          break;
-        }
-    for (const auto& name : doomed) {
-      auto it = table_.find(name);
-      if (it == table_.end()) continue;  // failed with its group
-      const Pending& p = it->second;
-      const Request& q = *p.per_rank[first_present(p)];
+    fail_pending_where([&](const std::string& name, const Pending& p) -> std::optional<Verdict> {
       std::vector<int> gone;
       for (int k = 0; k < opt_.size; ++k)
         if (!p.per_rank[k] && shut_down_[k]) gone.push_back(k);
-      fail_pending(name, ErrorKind::shutdown,
-                   fmt::format("dtrain: {} '{}' can never complete: ranks [{}] called "
-                               "dtrain::shutdown() without submitting it",
-                               q.kind, name, fmt::join(gone, ", ")),
-                   now);
-    }
+      if (gone.empty()) return std::nullopt;
+      return shut_down_verdict(first_submission(p.per_rank).kind, name, gone);
+    }, now);
   }
 
   // Completes, fails or times out the join (Note [Join]).
@@ -634,10 +501,7 @@ class Coordinator {
   CoordinatorHooks hooks_;
   std::unordered_map<std::string, Pending> table_;
   std::unordered_map<std::string, std::vector<ReadyOp>> groups_;  // ready members by group
-  std::unordered_map<std::string, GroupSizes> group_sizes_;
-  std::unordered_map<std::string, Failed> failed_;
-  std::unordered_map<std::string, Failed> failed_groups_;
-  std::vector<std::pair<std::string, int>> settling_;  // (group, rank) settled after a message
+  FailedOps failed_;
   std::vector<ReadyOp> ready_;
   std::int64_t ready_bytes_ = 0;
   Clock::time_point first_ready_;
