@@ -14,27 +14,21 @@
 // then the coordinator waits up to the cycle time for them so they fuse into the same response.
 // An op that arrives at an idle engine is never delayed by the cycle time.
 //
-// The coordinator checks ready ops across ranks as Note [Validation across ranks]
-// (runtime/cross_rank_validation.hpp) says and fuses them as Note [Fusion planning]
-// (runtime/fusion_planner.hpp) says, remembers failed ops as Note [Failed ops]
-// (runtime/failed_ops.hpp) says, keeps the cache side of Note [Response cache]
-// (runtime/response_cache.hpp) and asks the stall inspector (runtime/stall_inspector.hpp) when ops
-// have waited too long.
-//
-// Note [Join]
-// A rank that joined takes part in every allreduce, allgather and broadcast with nothing of its own
-// until every rank has joined. The join is waiting on the ranks that have not joined; it stalls
-// when all of them have gone quiet (no request for the stall check time), it times out after
-// DTRAIN_OP_TIMEOUT_SECONDS of such silence, and it fails at once when one of them shuts down
-// without joining, so neither a stalled peer nor a shut-down one leaves the joined ranks waiting.
+// This header holds the pending table and the poll loop; each step it takes has a header of its
+// own: validation across ranks (Note [Validation across ranks] in
+// runtime/cross_rank_validation.hpp), the fusion planner (Note [Fusion planning] in
+// runtime/fusion_planner.hpp), failed-op verdicts and group sizes (Note [Failed ops] in
+// runtime/failed_ops.hpp), the join (Note [Join] in runtime/join_tracker.hpp), the cache side of
+// Note [Response cache] (runtime/response_cache.hpp) and the stall inspector, which says when ops
+// have waited too long (Note [Stall inspection] in runtime/stall_inspector.hpp).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -43,6 +37,7 @@
 #include "dtrain/runtime/cross_rank_validation.hpp"
 #include "dtrain/runtime/failed_ops.hpp"
 #include "dtrain/runtime/fusion_planner.hpp"
+#include "dtrain/runtime/join_tracker.hpp"
 #include "dtrain/runtime/messages.hpp"
 #include "dtrain/runtime/ready_op.hpp"
 #include "dtrain/runtime/response_cache.hpp"
@@ -87,8 +82,8 @@ struct CoordinatorHooks {
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions o, CoordinatorHooks hooks = {})
-      : opt_(o), hooks_(std::move(hooks)), failed_(o.size), joined_(o.size, false),
-        shut_down_(o.size, false), applied_(o.size, 0), last_heard_(o.size), cache_(o.cache_capacity),
+      : opt_(o), hooks_(std::move(hooks)), failed_(o.size), join_(o.size, o.op_timeout_seconds),
+        shut_down_(o.size, false), applied_(o.size, 0), cache_(o.cache_capacity),
         stall_(StallOptions{o.stall_check_disable, o.stall_check_time_seconds,
                             o.stall_shutdown_time_seconds}) {}
 
@@ -96,7 +91,7 @@ class Coordinator {
     const int r = m.rank;
     if (!m.fatal.empty() && job_ending_.empty()) job_ending_ = m.fatal;
     applied_[r] = std::max(applied_[r], m.responses_applied);
-    if (!m.cached.empty() || !m.requests.empty()) last_heard_[r] = now;
+    if (!m.cached.empty() || !m.requests.empty()) join_.heard_from(r, now);
     for (auto id : m.cached) {
       Request q = cache_.resolve(id);
       ++stats_.cache_hits;
@@ -114,7 +109,8 @@ class Coordinator {
 
   // The autotuner's batching knobs, in effect from the next poll(): how much to fuse, how long to
   // wait for a batch, how many responses to cache (0: none; evictions go out in the next message).
-  void retune(std::int64_t fusion_threshold_bytes, double cycle_time_ms, std::int64_t cache_capacity) {
+  void retune(std::int64_t fusion_threshold_bytes, double cycle_time_ms,
+              std::int64_t cache_capacity) {
     opt_.fusion_threshold_bytes = fusion_threshold_bytes;
     opt_.cycle_time_ms = cycle_time_ms;
     if (cache_capacity != opt_.cache_capacity) {
@@ -140,7 +136,7 @@ class Coordinator {
     fail_ops_waiting_for_shut_down_ranks(now);
     time_out_ops(now);
     if (!ready_.empty() && due(now)) plan(msg);
-    check_join(now, msg);
+    if (auto join = join_.conclude(now, shut_down_)) msg.responses.push_back(std::move(*join));
     if (shut_down_count_ == opt_.size && !shutdown_announced_) {
       msg.shutdown_complete = true;
       shutdown_announced_ = true;
@@ -158,15 +154,14 @@ class Coordinator {
     if (!ready_.empty()) earliest(first_ready_ + cycle());
     if (const auto oldest = oldest_wait())
       if (const auto d = stall_.next_deadline(*oldest)) earliest(*d);
-    if (opt_.op_timeout_seconds > 0) {
+    if (opt_.op_timeout_seconds > 0)
       for (const auto& [name, p] : table_) earliest(p.first_seen + op_timeout());
-      if (joined_count_ > 0) earliest(join_quiet_since() + op_timeout());
-    }
+    if (const auto d = join_.timeout_deadline()) earliest(*d);
     return t;
   }
 
   bool has_pending() const noexcept {
-    return !table_.empty() || !ready_.empty() || joined_count_ > 0;
+    return !table_.empty() || !ready_.empty() || join_.active();
   }
   const CoordinatorStats& stats() const noexcept { return stats_; }
   std::size_t cache_size() const noexcept { return cache_.size(); }
@@ -179,14 +174,7 @@ class Coordinator {
     for (const auto& kv : table_) items.push_back(&kv);
     std::sort(items.begin(), items.end(),
               [](auto* a, auto* b) { return a->second.first_seen < b->second.first_seen; });
-    std::string out;
-    if (joined_count_ > 0) {
-      out += fmt::format("\n  join: joined by ranks [{}], waiting for ranks [{}], from which no "
-                         "request has come for {:.1f} s",
-                         fmt::join(ranks_where(joined_, true), ", "),
-                         fmt::join(ranks_where(joined_, false), ", "),
-                         seconds(now - join_quiet_since()));
-    }
+    std::string out = join_.describe(now);
     std::size_t shown = 0;
     for (auto* kv : items) {
       if (shown++ == max_items) {
@@ -194,7 +182,8 @@ class Coordinator {
         break;
       }
       const auto& p = kv->second;
-      out += fmt::format("\n  {} '{}': submitted by ranks [{}], missing on ranks [{}], waiting {:.1f} s",
+      out += fmt::format("\n  {} '{}': submitted by ranks [{}], missing on ranks [{}], waiting "
+                         "{:.1f} s",
                          p.kind, kv->first, fmt::join(submitting_ranks(p.per_rank), ", "),
                          fmt::join(absent_ranks(p.per_rank), ", "), seconds(now - p.first_seen));
     }
@@ -208,21 +197,15 @@ class Coordinator {
     int submitted = 0;
     Clock::time_point first_seen;
   };
+
   static double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
-  static Clock::duration from_seconds(double s) {
-    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-  }
   Clock::duration cycle() const {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double, std::milli>(opt_.cycle_time_ms));
   }
-  Clock::duration op_timeout() const { return from_seconds(opt_.op_timeout_seconds); }
-
-  static std::vector<int> ranks_where(const std::vector<bool>& flags, bool value) {
-    std::vector<int> out;
-    for (std::size_t r = 0; r < flags.size(); ++r)
-      if (flags[r] == value) out.push_back(static_cast<int>(r));
-    return out;
+  Clock::duration op_timeout() const {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(opt_.op_timeout_seconds));
   }
 
   void add_request(int r, Request q, Clock::time_point now) {
@@ -259,12 +242,7 @@ class Coordinator {
   }
 
   void add_join(int r, Clock::time_point now) {
-    if (!joined_[r]) {
-      if (joined_count_ == 0) join_started_ = now;
-      joined_[r] = true;
-      ++joined_count_;
-      last_joined_ = r;
-    }
+    join_.join(r, now);
     // Ops that were waiting only for this rank may now be ready.
     std::vector<std::string> now_ready;
     for (auto& [name, p] : table_)
@@ -274,7 +252,7 @@ class Coordinator {
 
   bool is_ready(const Pending& p) const {
     for (int r = 0; r < opt_.size; ++r)
-      if (!p.per_rank[r] && !joined_[r]) return false;
+      if (!p.per_rank[r] && !join_.has_joined(r)) return false;
     return p.submitted > 0;
   }
 
@@ -298,10 +276,10 @@ class Coordinator {
     push_ready(std::move(ready), now);
   }
 
-  void push_ready(ReadyOp r, Clock::time_point now) {
+  void push_ready(ReadyOp op, Clock::time_point now) {
     if (ready_.empty()) first_ready_ = now;
-    ready_bytes_ += r.bytes();
-    ready_.push_back(std::move(r));
+    ready_bytes_ += op.bytes();
+    ready_.push_back(std::move(op));
   }
 
   void push_error(const Request& q, const Verdict& verdict, std::vector<std::int32_t> ranks,
@@ -378,6 +356,7 @@ class Coordinator {
     for (const auto& [name, verdict] : doomed) fail_pending(name, verdict, now);
   }
 
+  // Whether the ready ops go out now (Note [Batching]).
   bool due(Clock::time_point now) const {
     if (opt_.cycle_time_ms <= 0) return true;
     if (opt_.fusion_threshold_bytes > 0 && ready_bytes_ >= opt_.fusion_threshold_bytes) return true;
@@ -399,21 +378,13 @@ class Coordinator {
     ready_bytes_ = 0;
   }
 
-  // Since when every rank the join waits for has been quiet (Note [Join]).
-  Clock::time_point join_quiet_since() const {
-    Clock::time_point t = join_started_;
-    for (int r = 0; r < opt_.size; ++r)
-      if (!joined_[r]) t = std::max(t, last_heard_[r]);
-    return t;
-  }
-
   // When the oldest wait for ranks began, if anything waits (Note [Stall inspection]).
   std::optional<Clock::time_point> oldest_wait() const {
     std::optional<Clock::time_point> t;
     for (const auto& [name, p] : table_)
       if (!t || p.first_seen < *t) t = p.first_seen;
-    if (joined_count_ > 0)
-      if (const Clock::time_point quiet = join_quiet_since(); !t || quiet < *t) t = quiet;
+    if (join_.active())
+      if (const Clock::time_point quiet = join_.quiet_since(); !t || quiet < *t) t = quiet;
     return t;
   }
 
@@ -455,43 +426,6 @@ class Coordinator {
     }, now);
   }
 
-  // Completes, fails or times out the join (Note [Join]).
-  void check_join(Clock::time_point now, ResponseMessage& msg) {
-    if (joined_count_ == 0) return;
-    Response j;
-    j.kind = OpKind::join;
-    j.names = {"join"};
-    if (joined_count_ == opt_.size) {
-      j.last_joined_rank = last_joined_;
-    } else {
-      std::vector<int> gone;
-      for (int r = 0; r < opt_.size; ++r)
-        if (!joined_[r] && shut_down_[r]) gone.push_back(r);
-      if (!gone.empty()) {
-        j.error = ErrorKind::shutdown;
-        j.error_message = fmt::format(
-            "dtrain: join() can never complete: ranks [{}] called dtrain::shutdown() without "
-            "joining (joined: ranks [{}])",
-            fmt::join(gone, ", "), fmt::join(ranks_where(joined_, true), ", "));
-      } else if (opt_.op_timeout_seconds > 0 && now - join_quiet_since() >= op_timeout()) {
-        j.error = ErrorKind::timeout;
-        j.error_message = fmt::format(
-            "dtrain: join() timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks [{}] have "
-            "neither joined nor submitted any op for that long (joined: ranks [{}])",
-            opt_.op_timeout_seconds, fmt::join(ranks_where(joined_, false), ", "),
-            fmt::join(ranks_where(joined_, true), ", "));
-      } else {
-        return;
-      }
-    }
-    if (j.error != ErrorKind::none)
-      for (int r = 0; r < opt_.size; ++r)
-        if (joined_[r]) j.error_ranks.push_back(r);
-    msg.responses.push_back(std::move(j));
-    std::fill(joined_.begin(), joined_.end(), false);
-    joined_count_ = 0;
-  }
-
   ResponseMessage finish(ResponseMessage msg) {
     msg.seq = next_seq_++;
     return msg;
@@ -502,20 +436,16 @@ class Coordinator {
   std::unordered_map<std::string, Pending> table_;
   std::unordered_map<std::string, std::vector<ReadyOp>> groups_;  // ready members by group
   FailedOps failed_;
+  JoinTracker join_;
   std::vector<ReadyOp> ready_;
   std::int64_t ready_bytes_ = 0;
   Clock::time_point first_ready_;
-  std::vector<bool> joined_;
-  int joined_count_ = 0;
-  int last_joined_ = -1;
-  Clock::time_point join_started_;
   std::vector<bool> shut_down_;
   int shut_down_count_ = 0;
   bool shutdown_announced_ = false;
   std::string job_ending_;  // a rank ended the job (RequestMessage::fatal)
   bool job_end_announced_ = false;
   std::vector<std::uint64_t> applied_;
-  std::vector<Clock::time_point> last_heard_;
   ResponseCache cache_;
   std::optional<std::int64_t> pending_cache_capacity_;
   StallInspector stall_;

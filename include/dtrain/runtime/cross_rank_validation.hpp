@@ -12,7 +12,7 @@
 // of a broadcast; the group. The first field that differs fails the op with a mismatch naming the
 // tensor, the field, and each value with the ranks that submitted it, so the user sees which ranks
 // took a different code path. Ops that cannot take joined ranks (Note [Join] in
-// runtime/coordinator.hpp) fail as invalid arguments instead: a broadcast whose root has joined,
+// runtime/join_tracker.hpp) fail as invalid arguments instead: a broadcast whose root has joined,
 // alltoall and reducescatter, and a device allreduce by Min, Max or Product, whose joined ranks
 // would need an identity filled in on the device. The verdict is a function of the requests
 // alone: rank 0 reaches it and every rank applies it.
