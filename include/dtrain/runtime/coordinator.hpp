@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -34,6 +33,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtrain/runtime/coordinator_options.hpp"
 #include "dtrain/runtime/cross_rank_validation.hpp"
 #include "dtrain/runtime/failed_ops.hpp"
 #include "dtrain/runtime/fusion_planner.hpp"
@@ -44,40 +44,6 @@
 #include "dtrain/runtime/stall_inspector.hpp"
 
 namespace dtrain::detail {
-
-using Clock = std::chrono::steady_clock;
-
-struct CoordinatorOptions {
-  int size = 1;
-  std::int64_t fusion_threshold_bytes = 134217728;
-  double cycle_time_ms = 1.0;
-  std::int64_t cache_capacity = 1024;
-  bool stall_check_disable = false;
-  double stall_check_time_seconds = 60;
-  double stall_shutdown_time_seconds = 0;
-  double op_timeout_seconds = 600;  // 0: none (Note [Failed ops])
-};
-
-struct CoordinatorStats {
-  std::uint64_t responses = 0;         // collectives emitted
-  std::uint64_t fused_tensors = 0;     // tensors that shared a response with another
-  std::uint64_t cache_hits = 0;        // requests that arrived as cache ids
-  std::uint64_t requests = 0;          // requests received, in either form
-  std::uint64_t stall_warnings = 0;
-  // Per op, from the first rank's submission reaching the coordinator to the last one's: how long
-  // the fastest rank waited for the slowest, summed over ops.
-  std::uint64_t wait_for_slowest_ns = 0;
-};
-
-// Hooks for observers (timeline, logging); all optional.
-struct CoordinatorHooks {
-  std::function<void(const std::string& name, int rank, Clock::time_point when)> rank_ready;
-  // `started`: when the first rank submitted it.
-  std::function<void(const std::string& name, OpKind kind, Clock::time_point started,
-                     Clock::time_point when)>
-      negotiated;
-  std::function<void(const std::string& report)> stall_warning;
-};
 
 class Coordinator {
  public:
