@@ -26,8 +26,8 @@
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
-#include <dtrain/train/atomic_file.hpp>
-#include <dtrain/train/crc32c.hpp>
+#include <dtrain/core/atomic_file.hpp>
+#include <dtrain/core/crc32c.hpp>
 
 #include "bench_common.hpp"
 

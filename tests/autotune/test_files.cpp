@@ -71,7 +71,7 @@ std::vector<std::string> split(const std::string& text, char sep) {
 }
 
 std::string with_checksum(const std::string& body) {
-  return body + fmt::format("checksum {:016x}\n", fnv1a(body));
+  return body + fmt::format("checksum {:08x}\n", dtrain::detail::crc32c(body.data(), body.size()));
 }
 
 const SearchSpace& default_space() {
@@ -300,7 +300,7 @@ TEST_CASE("saved result: well-formed checksum over bad contents is still corrupt
            replace("world_size 4", "world_size four"),
            replace("tensor_set ", "tensor_set 0x"),
            replace("score_bytes_per_second 123456789.5", "score_bytes_per_second nan"),
-           replace("format 1\n", ""),
+           replace("format 2\n", ""),
            replace("world_size 4\n", "world_size4\n"),
        }) {
     const SavedResultLoad load = parse_saved_result(bad, job(), default_space());
@@ -309,9 +309,9 @@ TEST_CASE("saved result: well-formed checksum over bad contents is still corrupt
     CHECK_FALSE(load.result);
   }
   // Another format version is stale, not corrupt: written by another dtrain.
-  const SavedResultLoad other = parse_saved_result(replace("format 1", "format 2"), job(), default_space());
+  const SavedResultLoad other = parse_saved_result(replace("format 2", "format 3"), job(), default_space());
   CHECK(other.status == SavedResultStatus::stale);
-  CHECK(other.reason.find("format 2") != std::string::npos);
+  CHECK(other.reason.find("format 3") != std::string::npos);
 }
 
 TEST_CASE("saved result: another world size, host layout, tensor set or search space is stale") {
@@ -375,6 +375,6 @@ TEST_CASE("saved result that cannot be written: a warning, no crash, nothing lef
   fs::create_directory(blocked);
   fs::create_directory(blocked + "/inside");
   CHECK_FALSE(save_result(blocked, job(), default_space(), result()));
-  CHECK(capture.count({"renaming"}) == 1);
+  CHECK(capture.count({"cannot rename"}) == 1);
   CHECK(dir.entries() == 1);  // only the directory; its temporary file was removed
 }

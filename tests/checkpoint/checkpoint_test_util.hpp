@@ -17,7 +17,7 @@
 
 #include <fmt/format.h>
 
-#include "dtrain/train/crc32c.hpp"
+#include "dtrain/core/crc32c.hpp"
 #include "support/world.hpp"
 
 namespace checkpoint_test {

@@ -1,7 +1,7 @@
 // CRC-32C against the published check values (RFC 3720 appendix B.4 and the "123456789" check
 // value of the CRC catalogue), and the hardware and table versions against each other on every
 // length and alignment the 8-byte loops treat differently.
-#include "dtrain/train/crc32c.hpp"
+#include "dtrain/core/crc32c.hpp"
 
 #include <doctest/doctest.h>
 

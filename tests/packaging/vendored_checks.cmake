@@ -1,7 +1,7 @@
 # Shared by the add_subdirectory and FetchContent tests: a vendored dtrain provides its targets
 # and nothing else -- no tests, benchmarks, examples or install rules in the parent project.
 function(dtrain_check_vendored dtrain_source_dir)
-  foreach(target IN ITEMS dtrain dtrain::dtrain)
+  foreach(target IN ITEMS dtrain dtrain::dtrain dtrain::header_only)
     if(NOT TARGET ${target})
       message(FATAL_ERROR "Vendored dtrain did not define ${target}")
     endif()

@@ -27,7 +27,10 @@ RULES = ("Low GPU utilization", "Data-loader bound", "Communication bound", "Str
          "Batch too small for the device", "CPU oversubscribed", "Step outliers",
          "Initialization time", "GPU memory increase", "I/O bottleneck", "GPU load balancing",
          "Overall system usage")
-KILLED_AFTER_STEP = 40
+# The killed run: a wider model (slower steps), so that the steps before the kill have had time to
+# reach the file (the profile writer flushes every 250 ms, not every step), and a kill well after
+# the first flush.
+KILLED_HIDDEN, KILLED_AFTER_STEP = 2048, 200
 
 failures = []
 
@@ -52,8 +55,10 @@ def main() -> int:
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     env = dict(os.environ, DTRAIN_PROFILE=str(profile), DTRAIN_PROFILE_INTERVAL_MS="100")
-    command = [a.mpiexec] + [x for x in a.mpiexec_args.split(";") if x] + \
-        [a.trainer, "--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--hidden", str(HIDDEN)]
+    def trainer_command(hidden):
+        return [a.mpiexec] + [x for x in a.mpiexec_args.split(";") if x] + \
+            [a.trainer, "--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--hidden", str(hidden)]
+    command = trainer_command(HIDDEN)
     print("running:", " ".join(command), flush=True)
     trained = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     print(trained.stdout + trained.stderr)
@@ -97,9 +102,10 @@ def main() -> int:
     # The same job killed: rank 1 raises SIGKILL after a step, the launcher ends rank 0.
     killed = a.work / "killed"
     env["DTRAIN_PROFILE"] = str(killed)
-    crashed = subprocess.run(command + ["--crash-rank", "1", "--crash-after-step",
-                                        str(KILLED_AFTER_STEP)],
-                             env=env, capture_output=True, text=True, timeout=300)
+    crashed = subprocess.run(
+        trainer_command(KILLED_HIDDEN) +
+        ["--crash-rank", "1", "--crash-after-step", str(KILLED_AFTER_STEP)],
+        env=env, capture_output=True, text=True, timeout=300)
     check(crashed.returncode != 0, "the trainer told to kill a rank exited with 0")
     reported = subprocess.run([sys.executable, a.report_tool, str(killed), "-o",
                                str(a.work / "killed.html")], capture_output=True, text=True,

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <string>
 
-#include "dtrain/profile/engine_counters.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
 #include "dtrain/profile/nvml.hpp"
 #include "dtrain/profile/options.hpp"
 #include "dtrain/profile/phase_times.hpp"
@@ -180,7 +180,7 @@ TEST_CASE("the header names the run, the rank, the GPU or why there is none, and
   const json* counters = &j.at("engine_counters");
   REQUIRE(counters->is_array());
   std::size_t n = 0;
-  dtrain::detail::for_each_engine_counter([&](std::string_view name, auto) {
+  dtrain::detail::for_each_engine_counter([&](std::string_view name, dtrain::detail::Counter, auto) {
     REQUIRE(n < counters->size());
     CHECK(counters->at(n++) == name);
   });

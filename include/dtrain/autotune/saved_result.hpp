@@ -12,12 +12,13 @@
 // the key cannot see; point DTRAIN_AUTOTUNE_CACHE at a file per cluster.
 //
 // Note [Saved result file]
-// Plain text, one `key value` per line, in a fixed order, ending with a checksum line: FNV-1a
-// (64 bits) over every byte before it. Anything unexpected (missing or unknown keys, a bad
+// Plain text, one `key value` per line, in a fixed order, ending with a checksum line: CRC-32C
+// over every byte before it, the checksum checkpoints use (core/crc32c.hpp). Anything unexpected (missing or unknown keys, a bad
 // number, a checksum mismatch, a file over 64 KiB) makes the file corrupt; a different format
 // version or key makes it stale. Either way the job warns, tunes afresh and replaces the file
-// when it is done; no content of the file can crash or hang the job. The file is written to a
-// temporary name and renamed over the old one, so a reader never sees half of it.
+// when it is done; no content of the file can crash or hang the job. The file is written as
+// checkpoints are (Note [Atomic checkpoint files] in core/atomic_file.hpp), so a reader, or a run
+// after a power loss, never sees half of it.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -38,12 +39,15 @@
 
 #include "dtrain/autotune/knobs.hpp"
 #include "dtrain/autotune/search_space.hpp"
+#include "dtrain/core/atomic_file.hpp"
+#include "dtrain/core/crc32c.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/tensor/dtype.hpp"
 
 namespace dtrain::autotune {
 
-inline constexpr int saved_result_format = 1;
+inline constexpr int saved_result_format = 2;  // 2: CRC-32C checksum (1: FNV-1a)
 inline constexpr std::size_t saved_result_max_bytes = 64 * 1024;
 
 inline std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ULL) {
@@ -122,10 +126,10 @@ std::optional<T> parse_number(std::string_view text) {
   return value;
 }
 
-// Exactly 16 lower-case hex digits, as written: 'A' and 'a' must not both read as 10, or a changed
-// byte in the checksum line would go unnoticed.
-inline std::optional<std::uint64_t> parse_hex64(std::string_view text) {
-  if (text.size() != 16) return std::nullopt;
+// Exactly `digits` lower-case hex digits, as written: 'A' and 'a' must not both read as 10, or a
+// changed byte in the checksum line would go unnoticed.
+inline std::optional<std::uint64_t> parse_hex(std::string_view text, std::size_t digits) {
+  if (text.size() != digits) return std::nullopt;
   for (char c : text) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return std::nullopt;
   }
@@ -162,7 +166,7 @@ inline std::string saved_result_text(const JobIdentity& job, const SearchSpace& 
     body += fmt::format("{} {}\n", to_string(knob), knob_value_text(result.knobs, knob));
   }
   body += fmt::format("score_bytes_per_second {}\n", result.score_bytes_per_second);
-  body += fmt::format("checksum {:016x}\n", fnv1a(body));
+  body += fmt::format("checksum {:08x}\n", dtrain::detail::crc32c(body.data(), body.size()));
   return body;
 }
 
@@ -184,8 +188,8 @@ inline SavedResultLoad parse_saved_result(std::string_view text, const JobIdenti
   if (checksum_line.substr(0, 9) != "checksum ") {
     return corrupt("it does not end with a checksum line");
   }
-  const auto checksum = detail::parse_hex64(checksum_line.substr(9));
-  if (!checksum || *checksum != fnv1a(body)) {
+  const auto checksum = detail::parse_hex(checksum_line.substr(9), 8);
+  if (!checksum || *checksum != dtrain::detail::crc32c(body.data(), body.size())) {
     return corrupt("its checksum does not match its contents (truncated or edited)");
   }
 
@@ -224,7 +228,7 @@ inline SavedResultLoad parse_saved_result(std::string_view text, const JobIdenti
   auto value = [&](std::size_t i) { return fields[i].second; };
 
   const auto world_size = detail::parse_number<int>(value(1));
-  const auto tensor_set = detail::parse_hex64(value(3));
+  const auto tensor_set = detail::parse_hex(value(3), 16);
   const auto threshold = detail::parse_number<std::int64_t>(value(5));
   const auto cycle = detail::parse_number<double>(value(6));
   const auto hierarchical = detail::parse_bit(value(7));
@@ -337,27 +341,23 @@ inline std::optional<SavedResult> reuse_saved_result(const std::string& path,
   return std::nullopt;
 }
 
-// Writes atomically (a temporary file renamed over `path`). A failure is a warning and returns
-// false: losing the saved result costs the next run a tuning, nothing more.
+// Writes atomically (Note [Atomic checkpoint files]). A failure is a warning and returns false:
+// losing the saved result costs the next run a tuning, nothing more.
 inline bool save_result(const std::string& path, const JobIdentity& job, const SearchSpace& space,
                         const SavedResult& result) {
   const std::string text = saved_result_text(job, space, result);
-  const std::string temporary = fmt::format("{}.tmp{}", path, static_cast<long>(::getpid()));
-  auto fail = [&](const char* what, int err) {
+  try {
+    dtrain::detail::AtomicFileWriter file(path);
+    file.write(text.data(), text.size());
+    file.commit();
+    return true;
+  } catch (const Error& e) {
     dtrain::detail::log(LogLevel::warning,
-                "autotune: cannot save the result to '{}' (DTRAIN_AUTOTUNE_CACHE): {} failed: {}; "
-                "the next run will tune again",
-                path, what, std::strerror(err));
-    std::remove(temporary.c_str());
+                        "autotune: cannot save the result to '{}' (DTRAIN_AUTOTUNE_CACHE): {}; "
+                        "the next run will tune again",
+                        path, e.what());
     return false;
-  };
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
-  if (file == nullptr) return fail("creating a temporary file", errno);
-  const bool written = std::fwrite(text.data(), 1, text.size(), file) == text.size();
-  const int write_err = errno;
-  if (std::fclose(file) != 0 || !written) return fail("writing", written ? errno : write_err);
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) return fail("renaming", errno);
-  return true;
+  }
 }
 
 }  // namespace dtrain::autotune

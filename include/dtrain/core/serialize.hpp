@@ -115,7 +115,7 @@ class ObjectWriter {
 
 class ObjectReader {
  public:
-  ObjectReader(const char* data, std::size_t size) : p_(data), end_(data + size) {}
+  ObjectReader(const char* data, std::size_t size) : begin_(data), p_(data), end_(data + size) {}
   template <class T>
   void read(T& v) {
     if constexpr (detail::HasUserSerialize<T>) {
@@ -180,6 +180,13 @@ class ObjectReader {
     std::apply([this](auto&... x) { (read(x), ...); }, fields);
   }
   bool done() const noexcept { return p_ == end_; }
+  // Bytes read so far.
+  std::size_t offset() const noexcept { return static_cast<std::size_t>(p_ - begin_); }
+  // Passes over `n` bytes (a block read later in place); throws like a read past the end.
+  void skip(std::uint64_t n) {
+    need(n);
+    p_ += n;
+  }
 
  private:
   std::uint64_t count() {
@@ -195,6 +202,7 @@ class ObjectReader {
                                  "the ranks disagree on the object's type, or a custom "
                                  "dtrain_serialize/dtrain_deserialize pair is inconsistent");
   }
+  const char* begin_;
   const char* p_;
   const char* end_;
 };

@@ -68,7 +68,7 @@ class NcclBackend final : public DeviceTransport {
     wait_for_device(lane.done, used,
                     deadline, fmt::format("NCCL {} '{}'", r.kind,
                                           r.names.empty() ? "" : r.names.front()));
-    ctx_.stats->collectives.fetch_add(1, std::memory_order_relaxed);
+    ctx_.stats->add(Counter::collectives);
     if (ctx_.timeline && ctx_.timeline->active()) {
       const auto end = std::chrono::steady_clock::now();
       const std::string phase = fmt::format("NCCL_{}", upper(to_string(r.kind)));
@@ -166,7 +166,7 @@ class NcclBackend final : public DeviceTransport {
     const std::int64_t n = r.total_numel();
     const DataType dtype = r.dtype;
     const std::size_t es = element_size(dtype);
-    ctx_.stats->bytes_reduced.fetch_add(static_cast<std::uint64_t>(n) * es, std::memory_order_relaxed);
+    ctx_.stats->add(Counter::bytes_reduced, static_cast<std::uint64_t>(n) * es);
     if (n == 0) return;
     const bool hier = hierarchical();
     // ncclAvg divides by the communicator size, which is right only when nobody joined.
@@ -203,14 +203,14 @@ class NcclBackend final : public DeviceTransport {
       hierarchical_allreduce_nccl(lane, buf, layout.total, dtype, op, even, deadline);
       used.push_back(&lane.local);
       used.push_back(&lane.cross);
-      ctx_.stats->hierarchical_collectives.fetch_add(1, std::memory_order_relaxed);
+      ctx_.stats->add(Counter::hierarchical_collectives);
     } else {
       lane.world.check(ncclAllReduce(buf, buf, static_cast<std::size_t>(n), type, nccl_op(op),
                                      lane.world.get(), lane.stream),
                        "ncclAllReduce", deadline);
     }
     copy(lane, fused_segments(layout, r.numels, tensors, buf, es, CopyDirection::unpack), dtype, post);
-    if (entries.size() > 1) ctx_.stats->fused_collectives.fetch_add(1, std::memory_order_relaxed);
+    if (entries.size() > 1) ctx_.stats->add(Counter::fused_collectives);
   }
 
   // See Note [Hierarchical parts] in comm/hierarchical.hpp. `op` is never Average here.

@@ -15,7 +15,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/core/version.hpp"
-#include "dtrain/profile/engine_counters.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
 #include "dtrain/profile/profiler.hpp"
 #include "dtrain/profile/profiler_state.hpp"
 #include "dtrain/profile/run_agreement.hpp"
@@ -150,6 +150,9 @@ DTRAIN_API Profiler::Profiler(Checked checked) {
   h.gpu_name = state->nvml.name();
   h.gpu_memory_total_bytes = state->nvml.memory_total_bytes();
   state->writer->push(std::move(h));
+  // On disk before training starts: a job killed at any point leaves a file that says whose it
+  // is, never an empty one.
+  state->writer->flush();
   state->sampler = std::make_unique<detail::SystemSampler>(*state->writer, state->nvml,
                                                            state->options.sample_interval,
                                                            state->origin);

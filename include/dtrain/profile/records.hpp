@@ -26,6 +26,13 @@
 //   end     the profiler closed the file cleanly (a file without it was cut short)
 // Readers ignore fields they do not know, so fields can be added without a new version, and skip
 // lines of spaces (padding: Note [Complete lines only]).
+//
+// Note [Engine counters in profiles]
+// Every EngineStats field is a counter that only grows, so a step's share is the difference of
+// two snapshots (engine_stats_delta). The names in profile files are the fields' own names, from
+// the one list in runtime/engine_stats.hpp; a counter the engine adds is recorded with no change
+// here, and dtrain-report shows any counter it finds (it reads the names from the file, and knows
+// the meaning of those it uses in its rules).
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -36,7 +43,7 @@
 #include <variant>
 #include <vector>
 
-#include "dtrain/profile/engine_counters.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
 #include "dtrain/profile/json_line.hpp"
 #include "dtrain/profile/nvml.hpp"
 
@@ -114,7 +121,8 @@ inline std::string to_json_line(const HeaderRecord& h) {
     gpu.field("reason", h.gpu_reason);
   }
   std::vector<std::string_view> counters;
-  for_each_engine_counter([&](std::string_view name, auto) { counters.push_back(name); });
+  for_each_engine_counter(
+      [&](std::string_view name, Counter, auto) { counters.push_back(name); });
   JsonLine line;
   line.field("type", "header").field("format", "dtrain-profile");
   line.field("version", profile_format_version).field("run_id", h.run_id);
@@ -138,7 +146,7 @@ inline std::string to_json_line(const StepRecord& s) {
   if (s.engine) {
     JsonLine engine;
     // Counters that did not move are left out: most of them, in most steps.
-    for_each_engine_counter([&](std::string_view name, auto member) {
+    for_each_engine_counter([&](std::string_view name, Counter, auto member) {
       if ((*s.engine).*member != 0) engine.field(name, (*s.engine).*member);
     });
     line.field("engine", engine);

@@ -156,4 +156,15 @@ inline AgreedSettings agree_on_settings(const Config& config, bool direct_segmen
   return out;
 }
 
+// Rank 0's setup error (empty: none), as every rank learns it: a failure of rank 0 alone (an
+// unwritable DTRAIN_TIMELINE path) must fail init() on every rank.
+inline std::string agree_on_setup(std::string error, MPI_Comm comm) {
+  std::uint64_t n = error.size();
+  mpi_check(MPI_Bcast(&n, 1, MPI_UINT64_T, 0, comm), "MPI_Bcast");
+  error.resize(n);
+  if (n > 0)
+    mpi_check(MPI_Bcast(error.data(), static_cast<int>(n), MPI_CHAR, 0, comm), "MPI_Bcast");
+  return error;
+}
+
 }  // namespace dtrain::detail

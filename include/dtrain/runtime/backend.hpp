@@ -17,6 +17,7 @@
 #include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/runtime/device_registry.hpp"
+#include "dtrain/runtime/engine_counters.hpp"
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
@@ -30,14 +31,6 @@ class Backend {
   virtual ~Backend() = default;
   virtual void execute(const Response& response, std::span<Entry* const> entries,
                        std::chrono::steady_clock::time_point arrival) = 0;
-};
-
-struct BackendStats {
-  std::atomic<std::uint64_t> collectives{0};      // data collectives executed (fused count as one)
-  std::atomic<std::uint64_t> fused_collectives{0};
-  std::atomic<std::uint64_t> bytes_reduced{0};
-  std::atomic<std::uint64_t> buffer_allocations{0};
-  std::atomic<std::uint64_t> hierarchical_collectives{0};  // allreduces run host by host
 };
 
 // Average becomes Sum with the division folded into the postscale.
@@ -55,7 +48,7 @@ struct BackendContext {
   const Config* config = nullptr;
   MPI_Comm data_comm = MPI_COMM_NULL;
   HierarchyComms hierarchy;
-  BackendStats* stats = nullptr;
+  EngineCounters* stats = nullptr;
   Timeline* timeline = nullptr;
 };
 

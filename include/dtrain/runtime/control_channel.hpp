@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "dtrain/comm/mpi_error.hpp"
@@ -100,5 +101,42 @@ class ControlChannel {
   std::vector<Send> sends_;
   std::vector<char> buffer_;
 };
+
+// Note [Settling a failed job]
+// When the coordinator ends the job (a stall shutdown, a rank that ended it), every engine stops
+// with requests perhaps still on their way to rank 0: a rank's own reason to end the job, sent
+// before it learnt another rank's came first. Unreceived, they outlive the control communicator,
+// and MPI may hand its context to the next dtrain::init()'s communicator, whose coordinator
+// would then read a stale request as new (measured: a restarted job failed with the previous
+// job's cause). So each rank's last control message says it is the last, and rank 0 reads and
+// drops requests until every rank's last one has come, for at most a few seconds (a rank that
+// died or hangs does not answer).
+inline void settle_after_job_failure(ControlChannel& channel, int rank, int size,
+                                     bool coordinator) {
+  if (size == 1) return;
+  if (!coordinator) {
+    RequestMessage last;
+    last.rank = rank;
+    last.last = true;
+    channel.send_request(last);
+    return;
+  }
+  std::vector<bool> heard(static_cast<std::size_t>(size), false);
+  int missing = size - 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+  while (missing > 0 && std::chrono::steady_clock::now() < deadline) {
+    auto m = channel.receive_request();
+    if (!m) {
+      channel.progress();
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
+    const auto r = static_cast<std::size_t>(m->rank);
+    if (m->last && r < heard.size() && !heard[r]) {
+      heard[r] = true;
+      --missing;
+    }
+  }
+}
 
 }  // namespace dtrain::detail

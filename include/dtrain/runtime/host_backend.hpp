@@ -41,7 +41,7 @@ class HostBackend final : public Backend {
     std::int64_t chunk_bytes = 16 << 20;  // Config::mpi_chunk_bytes
     bool pipeline = true;
     Timeline* timeline = nullptr;  // non-null on the rank that writes the timeline
-    BackendStats* stats = nullptr;
+    EngineCounters* stats = nullptr;
     // DTRAIN_HIERARCHICAL_ALLREDUCE: allreduce through `hierarchy` (comm/hierarchical.hpp).
     bool hierarchical = false;
     HierarchyComms hierarchy;
@@ -60,7 +60,7 @@ class HostBackend final : public Backend {
   }
 
   // The autotuner's settings, applied by every rank at the same response message (Note [Applying
-  // tuned settings] in runtime/autotuning.hpp).
+  // tuned settings] in runtime/engine_autotuner.hpp).
   void retune(bool pipeline, bool hierarchical) {
     opt_.pipeline = pipeline;
     overlap_ = pipeline && overlap_pays(ranks_on_host_);
@@ -85,7 +85,7 @@ class HostBackend final : public Backend {
       case OpKind::barrier:
       case OpKind::join: break;  // negotiation itself is the synchronization
     }
-    opt_.stats->collectives.fetch_add(1, std::memory_order_relaxed);
+    opt_.stats->add(Counter::collectives);
   }
 
   std::uint64_t buffer_allocations() const noexcept {
@@ -117,9 +117,8 @@ class HostBackend final : public Backend {
     const ReduceOp op = effective_op(r);
     const double post = effective_postscale(r);
     const std::size_t es = element_size(dtype);
-    if (opt_.hierarchical) opt_.stats->hierarchical_collectives.fetch_add(1, std::memory_order_relaxed);
-    opt_.stats->bytes_reduced.fetch_add(static_cast<std::uint64_t>(r.total_numel()) * es,
-                                        std::memory_order_relaxed);
+    if (opt_.hierarchical) opt_.stats->add(Counter::hierarchical_collectives);
+    opt_.stats->add(Counter::bytes_reduced, static_cast<std::uint64_t>(r.total_numel()) * es);
     if (entries.size() == 1) {
       // A lone tensor is reduced in place: no copies into a fusion buffer. A rank that joined
       // contributes the op's identity from scratch memory, through the same calls: whether the
@@ -173,7 +172,7 @@ class HostBackend final : public Backend {
       if (k + 1 == pieces) reduce_end = Clock::now();
     }, overlap_);
     auto t3 = Clock::now();
-    opt_.stats->fused_collectives.fetch_add(1, std::memory_order_relaxed);
+    opt_.stats->add(Counter::fused_collectives);
     if (auto* tl = timeline()) {
       for (std::size_t i = 0; i < entries.size(); ++i) {
         if (!entries[i]) continue;

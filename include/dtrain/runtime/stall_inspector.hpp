@@ -3,7 +3,7 @@
 //
 // Note [Stall inspection]
 // Something waits for ranks from a moment on: an op from its first submission, the join from the
-// last request of the ranks it waits for (Note [Join] in runtime/coordinator.hpp). A warning is
+// last request of the ranks it waits for (Note [Join] in runtime/join_tracker.hpp). A warning is
 // due DTRAIN_STALL_CHECK_TIME_SECONDS after the later of that moment and the previous warning, and
 // one warning reports everything pending; the job stops DTRAIN_STALL_SHUTDOWN_TIME_SECONDS (if set)
 // after that moment. Both thresholds are therefore reached first by the oldest waiter, and the

@@ -5,6 +5,7 @@
 // at stop/shutdown; once `max_bytes` is reached recording stops with a final marker event, so long
 // jobs cannot fill a disk.
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 
@@ -208,5 +210,12 @@ class Timeline {
   bool stopping_ = false;
   std::atomic<bool> active_{false};
 };
+
+// The timeline's name for negotiating an op of `kind`: NEGOTIATE_ALLREDUCE, ...
+inline std::string negotiation_phase(std::string_view kind) {
+  std::string out = "NEGOTIATE_";
+  for (char c : kind) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
 
 }  // namespace dtrain::detail

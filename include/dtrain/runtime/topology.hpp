@@ -115,4 +115,21 @@ inline Topology make_topology(MPI_Comm world, const std::string& host_id_overrid
   return t;
 }
 
+// Duplicates of the topology's host communicators with their layout, for a backend to own.
+inline HierarchyComms duplicate_hierarchy(const Topology& t) {
+  HierarchyComms h;
+  mpi_check(MPI_Comm_dup(t.local_comm, &h.local), "MPI_Comm_dup");
+  mpi_check(MPI_Comm_dup(t.cross_comm, &h.cross), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(h.local, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(h.cross, MPI_ERRORS_RETURN);
+  h.local_rank = t.local_rank;
+  h.local_size = t.local_size;
+  h.cross_rank = t.cross_rank;
+  h.cross_size = t.cross_size;
+  h.hosts = static_cast<int>(t.local_sizes.size());
+  h.parts = t.local_sizes.empty() ? 1 : *std::min_element(t.local_sizes.begin(), t.local_sizes.end());
+  h.homogeneous = t.homogeneous;
+  return h;
+}
+
 }  // namespace dtrain::detail

@@ -4,12 +4,15 @@
 // runtime/liveness.hpp). Either failure stops the engine for good (Note [Engine failure] in
 // runtime/engine.hpp). It wakes at least once a second, never per op, so it costs nothing on the
 // hot path.
+#include <fcntl.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -80,18 +83,18 @@ class Watchdog {
     if (op_timeout_seconds_ > 0) period = std::min<Clock::duration>(period, timeout / 4);
     std::optional<Clock::time_point> lost_at;
     auto last_wake = Clock::now();
+    auto last_waited = run_queue_wait();
     std::unique_lock lock(mutex_);
     while (!cv_.wait_for(lock, period, [&] { return stop_; })) {
       const auto now = Clock::now();
-      // Woken much later than asked: this process was not running (stopped, or starved of CPU).
-      // That time is nobody's silence and no op's fault (Note [Peer liveness]).
-      const auto overslept = now - last_wake - period;
+      const auto waited = run_queue_wait();
+      const auto paused = own_pause(now - last_wake - period, last_waited, waited);
       last_wake = now;
-      const auto paused = overslept > kOwnPauseAtLeast ? overslept : Clock::duration::zero();
+      last_waited = waited;
       if (paused > Clock::duration::zero()) {
         if (!executing_.empty()) started_ += paused;
-        log(LogLevel::info, "dtrain: rank {} was not running for {:.1f} s (stopped or starved of "
-            "CPU); that time is not counted against its peers or its op", rank_,
+        log(LogLevel::info, "dtrain: rank {} was not running for {:.1f} s (stopped, or its machine "
+            "was); that time is not counted against its peers or its op", rank_,
             std::chrono::duration<double>(paused).count());
       }
       if (op_timeout_seconds_ > 0 && !executing_.empty() && now - started_ >= timeout &&
@@ -142,9 +145,47 @@ class Watchdog {
         if (e) e->state->complete(error);
   }
 
-  // A wake-up this much later than asked means the process did not run: scheduling delays on a
-  // busy machine stay well below it.
+  // Note [Own pauses]
+  // Woken much later than asked, the watchdog was either not running (its process stopped: SIGSTOP,
+  // a debugger, SLURM suspend; or its machine paused) or runnable but kept off the CPUs by other
+  // work. The first is nobody's silence and no op's fault (Note [Peer liveness]); the second is
+  // real time in which peers and ops should have progressed, and counting it as a pause on a busy
+  // machine pushes every deadline back for as long as the machine stays busy (measured: a frozen
+  // peer went unreported for over 90 s with 3 ranks polling on 2 cores). The kernel tells them
+  // apart: /proc/thread-self/schedstat counts the time this thread spent runnable but waiting for
+  // a CPU, which a stopped thread does not accrue. So the pause is the lateness less that wait,
+  // and only a pause of at least kOwnPauseAtLeast counts. Where the kernel does not say, all the
+  // lateness counts, as before.
   static constexpr auto kOwnPauseAtLeast = std::chrono::seconds(1);
+
+ public:
+  // The time this process was not running between two wake-ups (Note [Own pauses]): `late` past
+  // the period, of which the thread spent `waited_after - waited_before` waiting for a CPU.
+  static Clock::duration own_pause(Clock::duration late,
+                                   std::optional<std::chrono::nanoseconds> waited_before,
+                                   std::optional<std::chrono::nanoseconds> waited_after) noexcept {
+    Clock::duration not_running = late;
+    if (waited_before && waited_after && *waited_after >= *waited_before)
+      not_running -= std::chrono::duration_cast<Clock::duration>(*waited_after - *waited_before);
+    return not_running >= kOwnPauseAtLeast ? not_running : Clock::duration::zero();
+  }
+
+  // How long the calling thread has been runnable but waiting for a CPU, since it started; nothing
+  // where the kernel does not report it.
+  static std::optional<std::chrono::nanoseconds> run_queue_wait() noexcept {
+    const int fd = ::open("/proc/thread-self/schedstat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return std::nullopt;
+    char text[128];
+    const ssize_t n = ::read(fd, text, sizeof text - 1);
+    ::close(fd);
+    if (n <= 0) return std::nullopt;
+    text[n] = '\0';
+    unsigned long long on_cpu = 0, waiting = 0;
+    if (std::sscanf(text, "%llu %llu", &on_cpu, &waiting) != 2) return std::nullopt;
+    return std::chrono::nanoseconds(static_cast<std::int64_t>(waiting));
+  }
+
+ private:
 
   const double op_timeout_seconds_;
   const int rank_;

@@ -29,14 +29,16 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/serialize.hpp"
 #include "dtrain/train/checkpoint_record.hpp"
-#include "dtrain/train/crc32c.hpp"
+#include "dtrain/core/crc32c.hpp"
 
 namespace dtrain::detail {
 
@@ -63,48 +65,17 @@ inline std::array<char, checkpoint_trailer_bytes> checkpoint_trailer(std::uint32
   return t;
 }
 
-// Bounds-checked reading of the payload's framing; throws std::string on malformed input, which
-// parse_checkpoint turns into the reason a file is skipped.
-class PayloadCursor {
- public:
-  PayloadCursor(std::span<const char> bytes, std::size_t base) : bytes_(bytes), base_(base) {}
-  template <class T>
-  T number() {
-    T v;
-    need(sizeof(T), "a number");
-    std::memcpy(&v, bytes_.data() + at_, sizeof(T));
-    at_ += sizeof(T);
-    return v;
-  }
-  std::string text() {
-    const auto n = number<std::uint64_t>();
-    need(n, "a name");
-    std::string s(bytes_.data() + at_, static_cast<std::size_t>(n));
-    at_ += static_cast<std::size_t>(n);
-    return s;
-  }
-  ItemBytes block() {
-    const auto n = number<std::uint64_t>();
-    need(n, "an item");
-    ItemBytes r{base_ + at_, static_cast<std::size_t>(n)};
-    at_ += static_cast<std::size_t>(n);
-    return r;
-  }
-  std::uint64_t count(std::uint64_t limit, const char* what) {
-    const auto n = number<std::uint64_t>();
-    if (n > limit) throw fmt::format("the payload claims {} {}, more than it can hold", n, what);
-    return n;
-  }
-  bool done() const noexcept { return at_ == bytes_.size(); }
+// The payload's fixed part, named once for the writer (Checkpoint::save) and the reader.
+struct PayloadHead {
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t world_size = 0;
+  std::string writer;
 
- private:
-  void need(std::uint64_t n, const char* what) const {
-    if (n > bytes_.size() - at_)
-      throw fmt::format("the payload ends inside {} at byte {}", what, base_ + at_);
+  template <class Self>
+  static auto tie_fields(Self& h) {
+    return std::tie(h.step, h.epoch, h.world_size, h.writer);
   }
-  std::span<const char> bytes_;
-  std::size_t base_;
-  std::size_t at_ = 0;
 };
 
 // Checks a whole file's bytes and indexes its payload. Returns the reason it is not a valid
@@ -142,30 +113,53 @@ inline std::string parse_checkpoint(std::span<const char> file, CheckpointRecord
   if (stored != computed)
     return fmt::format("checksum mismatch: stored CRC-32C {:08x}, contents give {:08x}", stored,
                        computed);
+  const std::span<const char> payload = file.subspan(checkpoint_header_bytes, payload_bytes);
+  ObjectReader in(payload.data(), payload.size());
+  const auto item = [&] {  // u64 size, then the item's bytes, read later in place
+    std::uint64_t n = 0;
+    in.read(n);
+    const ItemBytes bytes{checkpoint_header_bytes + in.offset(), static_cast<std::size_t>(n)};
+    in.skip(n);
+    return bytes;
+  };
+  const auto count = [&] {
+    std::uint64_t n = 0;
+    in.read(n);
+    return n;
+  };
   try {
-    PayloadCursor in(file.subspan(checkpoint_header_bytes, payload_bytes), checkpoint_header_bytes);
+    PayloadHead head;
+    in.read(head);
     CheckpointRecord r;
-    r.step = in.number<std::int64_t>();
-    r.epoch = in.number<std::int64_t>();
-    r.world_size = in.number<std::int64_t>();
+    r.step = head.step;
+    r.epoch = head.epoch;
+    r.world_size = head.world_size;
+    r.writer = std::move(head.writer);
     if (r.world_size < 1) return fmt::format("world size {} in the payload", r.world_size);
-    r.writer = in.text();
-    const auto n = in.count(payload_bytes / 16, "shared items");
+    // Each item takes at least 16 bytes (a name's length and the item's), each per-rank entry 8.
+    const std::uint64_t n = count();
+    if (n > payload_bytes / 16)
+      return fmt::format("the payload claims {} shared items, more than it can hold", n);
     for (std::uint64_t i = 0; i < n; ++i) {
-      std::string name = in.text();
-      r.shared.emplace_back(std::move(name), in.block());
+      std::string name;
+      in.read(name);
+      r.shared.emplace_back(std::move(name), item());
     }
-    const auto m = in.count(payload_bytes / 8, "per-rank items");
+    const std::uint64_t m = count();
+    if (m > payload_bytes / 8)
+      return fmt::format("the payload claims {} per-rank items, more than it can hold", m);
     for (std::uint64_t i = 0; i < m; ++i) {
-      std::string name = in.text();
+      std::string name;
+      in.read(name);
       std::vector<ItemBytes> ranks;
-      for (std::int64_t k = 0; k < r.world_size; ++k) ranks.push_back(in.block());
+      for (std::int64_t k = 0; k < r.world_size; ++k) ranks.push_back(item());
       r.per_rank.emplace_back(std::move(name), std::move(ranks));
     }
     if (!in.done()) return "the payload has unread bytes after its last item";
     record = std::move(r);
-  } catch (const std::string& why) {
-    return why;
+  } catch (const InvalidArgumentError&) {
+    return fmt::format("the payload ends inside an item or a name at byte {}",
+                       checkpoint_header_bytes + in.offset());
   }
   return {};
 }

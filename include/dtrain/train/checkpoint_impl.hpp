@@ -25,10 +25,10 @@
 #include "dtrain/core/logging.hpp"
 #include "dtrain/core/version.hpp"
 #include "dtrain/runtime/session.hpp"
-#include "dtrain/train/atomic_file.hpp"
+#include "dtrain/core/atomic_file.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/checkpoint_format.hpp"
-#include "dtrain/train/crc32c.hpp"
+#include "dtrain/core/crc32c.hpp"
 #include "dtrain/train/objects.hpp"
 
 namespace dtrain {
@@ -182,10 +182,8 @@ DTRAIN_API void Checkpoint::save(const TrainingProgress& progress,
   ObjectWriter w;
   w.bytes().swap(spare_);  // reuse the capacity of an earlier payload: no fresh pages
   w.bytes().clear();
-  w.write(progress.step);
-  w.write(progress.epoch);
-  w.write(static_cast<std::int64_t>(world_));
-  w.write(fmt::format("dtrain {}", version()));
+  w.write(detail::PayloadHead{progress.step, progress.epoch, static_cast<std::int64_t>(world_),
+                              fmt::format("dtrain {}", version())});
   w.write(static_cast<std::uint64_t>(shared.size()));
   for (const auto& item : shared) detail::write_item(w, item.name(), item);
   w.write(static_cast<std::uint64_t>(per_rank.size()));

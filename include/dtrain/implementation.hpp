@@ -1,0 +1,18 @@
+#pragma once
+// The definitions behind the public headers' DTRAIN_API declarations (Note [Build modes] in
+// core/build_mode.hpp). Include it in exactly one file of a program built with
+// DTRAIN_COMPILED_LIB defined everywhere, the way the CMake target dtrain::dtrain does with
+// src/dtrain.cpp; with a copy of include/ alone, a one-line file of your own does the same.
+#ifndef DTRAIN_COMPILED_LIB
+#error "dtrain/implementation.hpp is for the compiled mode: define DTRAIN_COMPILED_LIB for every \
+file of the program, or leave it out and use dtrain header-only (no implementation file needed)"
+#endif
+#include "dtrain/core/config_impl.hpp"
+#include "dtrain/core/logging_impl.hpp"
+#include "dtrain/core/version_impl.hpp"
+#include "dtrain/profile/profiler_impl.hpp"
+#include "dtrain/runtime/handle_impl.hpp"
+#include "dtrain/runtime/op_checks_impl.hpp"
+#include "dtrain/runtime/session_impl.hpp"
+#include "dtrain/runtime/submission_impl.hpp"
+#include "dtrain/train/checkpoint_impl.hpp"
