@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One TCP stream across a link, timed at the receiving end (netns_cluster.measure_throughput).
 
-    link_probe.py serve --bind ADDR --port P    prints "ready", receives one stream, then prints
-                                                {"bytes": ..., "seconds": ..., "bits_per_second": ...}
+    link_probe.py serve --bind ADDR --port P
+        prints "ready", receives one stream, then prints
+        {"bytes": ..., "seconds": ..., "bits_per_second": ...}
     link_probe.py send --to ADDR --port P --seconds S
 
 The receiver times from the first byte to the last, so the sender's start-up is not counted,

@@ -213,6 +213,13 @@ def sweep_stale(prefix):
     return dead, folders
 
 
+def owner_tag(prefix):
+    """`<prefix><pid>.<start time>-`: names of this process's objects, which sweep_stale()
+    removes once the process is gone. A temporary folder named with it is swept too."""
+    me = os.getpid()
+    return f"{prefix}{me}.{_start_time(me)}-"
+
+
 def install_signal_handlers():
     """SIGTERM and SIGHUP unwind like Ctrl-C, so `with Cluster(...)` tears down. SIGINT too,
     even where the shell that started this process ignores it (a background job)."""
@@ -235,8 +242,7 @@ class Cluster:
         if cpus is not None and len(cpus) != hosts:
             raise ValueError("cpus needs one CPU list per host")
         self.prefix = prefix
-        me = os.getpid()
-        self.tag = f"{prefix}{me}.{_start_time(me)}-"
+        self.tag = owner_tag(prefix)
         self.hosts = [Host(i, f"{self.tag}h{i}", None if cpus is None else cpus[i])
                       for i in range(hosts)]
         self.switch = f"{self.tag}switch"
@@ -384,6 +390,11 @@ exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HO
         """dtrainrun's -H value for `hosts` (default all) with `slots` ranks each."""
         chosen = self.hosts if hosts is None else [self._host(h) for h in hosts]
         return ",".join(f"{h.address}:{slots}" for h in chosen)
+
+    def kill_processes(self, hosts=None):
+        """Ends every process inside `hosts` (default all): what a job that hangs leaves."""
+        chosen = self.hosts if hosts is None else [self._host(h) for h in hosts]
+        _kill_namespace_processes([h.namespace for h in chosen])
 
     def link_bytes(self, host=0):
         """(received, sent) bytes on `host`'s eth0 so far."""
