@@ -237,8 +237,8 @@ class Cluster:
     """
 
     def __init__(self, hosts=2, prefix="dtrain-cluster-", cpus=None):
-        if hosts < 1 or hosts > 200:
-            raise ValueError("hosts must be within 1..200")
+        if not 1 <= hosts <= 26:
+            raise ValueError("hosts must be within 1..26 (host names dtrain-host-a to -z)")
         if cpus is not None and len(cpus) != hosts:
             raise ValueError("cpus needs one CPU list per host")
         self.prefix = prefix
@@ -374,9 +374,10 @@ exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HO
 
     def on(self, host, argv):
         """argv run inside `host` (Host, index, name or address)."""
-        return [self.enter, self._host(host).address, *argv]
+        return [self.enter, self.host(host).address, *argv]
 
-    def _host(self, host):
+    def host(self, host):
+        """The Host named by a Host, an index, a host name or an address."""
         if isinstance(host, Host):
             return host
         if isinstance(host, int):
@@ -388,17 +389,17 @@ exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HO
 
     def host_list(self, slots=1, hosts=None):
         """dtrainrun's -H value for `hosts` (default all) with `slots` ranks each."""
-        chosen = self.hosts if hosts is None else [self._host(h) for h in hosts]
+        chosen = self.hosts if hosts is None else [self.host(h) for h in hosts]
         return ",".join(f"{h.address}:{slots}" for h in chosen)
 
     def kill_processes(self, hosts=None):
         """Ends every process inside `hosts` (default all): what a job that hangs leaves."""
-        chosen = self.hosts if hosts is None else [self._host(h) for h in hosts]
+        chosen = self.hosts if hosts is None else [self.host(h) for h in hosts]
         _kill_namespace_processes([h.namespace for h in chosen])
 
     def link_bytes(self, host=0):
         """(received, sent) bytes on `host`'s eth0 so far."""
-        h = self._host(host)
+        h = self.host(host)
         return tuple(int(self._read(h.namespace, f"/sys/class/net/{h.ifname}/statistics/{d}"))
                      for d in ("rx_bytes", "tx_bytes"))
 
@@ -416,7 +417,7 @@ exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HO
         self.rate_bps, self.qdisc = rate_bps, (qdisc if rate_bps else None)
 
     def qdisc_lines(self, host=0):
-        h = self._host(host)
+        h = self.host(host)
         out = []
         for ns, dev in ((h.namespace, h.ifname), (self.switch, h.port)):
             done = run(["ip", "netns", "exec", ns, "tc", "qdisc", "show", "dev", dev])
@@ -426,7 +427,7 @@ exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HO
     def measure_throughput(self, sender=0, receiver=1, seconds=1.0, port=5201):
         """Bits per second of one TCP stream from `sender` to `receiver` over `seconds`, as the
         receiver counts them: what a shaped link really carries."""
-        src, dst = self._host(sender), self._host(receiver)
+        src, dst = self.host(sender), self.host(receiver)
         server = subprocess.Popen(
             ["ip", "netns", "exec", dst.namespace, sys.executable, LINK_PROBE, "serve",
              "--bind", dst.address, "--port", str(port), "--timeout", str(seconds + 30)],
