@@ -32,8 +32,9 @@ Experiments (--experiment, comma-separated; --all runs them in this order):
                 of 0 (each gradient as backward makes it), 4 and 25 MiB: where overlap starts
                 to pay
 
-A full run (--all, defaults) takes about 2 hours on a 2-core machine; --quick checks every step
-in about 6 minutes (its numbers mean nothing).
+A full run (--all, defaults) takes about 2 hours on a 2-core machine (an estimate from the
+step times of short runs); --quick checks every step in 6 to 8 minutes (its numbers mean
+nothing).
 
 Exit status: 0 done; 77 namespaces or tc shaping are not permitted here; 1 a failure (a job
 failed, or a link did not carry its set rate).
@@ -419,7 +420,7 @@ class Harness:
                 runs.append({"variant": name, "hosts": h, "round": r, **res})
         summary = summarize_training(runs, self.hosts)
         self.results["training"] = {"runs": runs, "summary": summary}
-        print_training(summary, self.hosts)
+        print_training(summary)
 
     def experiment_hierarchical(self):
         a = self.args
@@ -617,7 +618,7 @@ def summarize_training(runs, hosts):
     return rows
 
 
-def print_training(rows, hosts):
+def print_training(rows):
     log("\n| trainer | hosts x ranks | images/s (median) | best | scaling efficiency | "
         "step / DDP's step | runs |")
     log("|---|---|---|---|---|---|---|")
@@ -634,7 +635,8 @@ def print_training(rows, hosts):
         log(f"| {name} | {r['hosts']} x 1 | {r['images_per_second']:.1f} | {r['best']:.1f} | "
             f"{eff} | {vs} | {r['runs']} |")
     log("scaling efficiency: images/s on H hosts / (H x images/s of the same trainer alone); "
-        "step / DDP's step below 1: dtrain faster")
+        "step / DDP's step below 1: dtrain faster (on 1 x 1: the C++ trainer's step over "
+        "PyTorch's)")
 
 
 def summarize_hierarchical(runs):
@@ -649,7 +651,7 @@ def summarize_hierarchical(runs):
 
 
 def print_hierarchical(s, size):
-    log(f"\n| measure | flat | hierarchical | hierarchical / flat | raw MPI (flat) |")
+    log("\n| measure | flat | hierarchical | hierarchical / flat | raw MPI (flat) |")
     log("|---|---|---|---|---|")
     log(f"| {size >> 20} MiB allreduce, median time | {1e3 * s['allreduce_0']:.1f} ms | "
         f"{1e3 * s['allreduce_1']:.1f} ms | {s['allreduce_1'] / s['allreduce_0']:.2f} | "
