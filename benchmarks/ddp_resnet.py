@@ -10,6 +10,11 @@ on this host that train with torch.distributed DDP over gloo, each on its shard 
 
     python benchmarks/ddp_resnet.py --model resnet18 --image-size 64 --batch-size 32 --ranks 2
 
+Across hosts (benchmarks/cluster/), one command per host, each with --ranks processes:
+    python benchmarks/ddp_resnet.py --nodes 2 --node-rank R --master-addr HOST0 ...
+(gloo picks its interface from the host name; set GLOO_SOCKET_IFNAME where that does not
+resolve to the interface between the hosts).
+
 Prints one line per epoch and a final line:
     RESULT impl=ddp ranks=2 model=resnet18 ... step_ms=<median> best_ms=<best> img_s=<median> epochs=<n>
 where the median and the best are over the epochs after the first (which includes warm-up).
@@ -156,10 +161,11 @@ def synthetic(samples, channels, size, classes, seed):
     return images, labels
 
 
-def train(rank, world, args, port):
+def train(local_rank, world, args, port):
+    rank = args.node_rank * args.ranks + local_rank
     torch.set_num_threads(args.threads)
     if world > 1:
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_ADDR"] = args.master_addr
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(args.seed)  # the same initial weights on every rank, as broadcast would give
@@ -230,17 +236,23 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="steps per epoch")
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
-    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--ranks", type=int, default=1, help="processes on this host")
+    parser.add_argument("--nodes", type=int, default=1, help="hosts, each running this script")
+    parser.add_argument("--node-rank", type=int, default=0, help="this host's index")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="address of host 0")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--port", type=int, default=29511)
     args = parser.parse_args()
-    if args.samples < args.ranks * args.steps * args.batch_size:
+    world = args.nodes * args.ranks
+    if not 0 <= args.node_rank < args.nodes:
+        sys.exit(f"--node-rank {args.node_rank} is not within 0..{args.nodes - 1}")
+    if args.samples < world * args.steps * args.batch_size:
         sys.exit(f"--samples {args.samples} is fewer than ranks x steps x batch")
     if args.ranks == 1:
-        train(0, 1, args, args.port)
+        train(0, world, args, args.port)
     else:
-        mp.spawn(train, args=(args.ranks, args, args.port), nprocs=args.ranks, join=True)
+        mp.spawn(train, args=(world, args, args.port), nprocs=args.ranks, join=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
-"""A 2-host x 2-slot dtrain job across two network namespaces joined by a veth pair.
+"""A 2-host x 2-slot dtrain job across two network namespaces joined by a bridge.
 
 Each "host" is its own network, UTS (host name), IPC and mount namespace with its own /dev/shm
 and boot id: MPICH and UCX decide that two processes share a machine from the host name, the
 boot id and the IPC namespace, so anything less lets them talk through shared memory and the
-job never touches the network (Note [Two hosts on one machine] below). dtrainrun runs on host A;
-MPICH's Hydra reaches host B through a launcher agent that enters B's namespaces, in a clean
-environment like ssh would give, instead of ssh. The test checks:
+job never touches the network (Note [Two hosts on one machine] in
+benchmarks/cluster/netns_cluster.py, which makes the hosts for this test and for the cluster
+benchmarks). dtrainrun runs on host A; MPICH's Hydra reaches host B through a launcher agent
+that enters B's namespaces, in a clean environment like ssh would give, instead of ssh. The
+test checks:
   1. variables: DTRAIN_* settings and -x variables reach the ranks on both hosts;
   2. topology and hierarchical allreduce: local/cross ranks of all four ranks, a 16 MiB
      allreduce with DTRAIN_HIERARCHICAL_ALLREDUCE=1 that is exact and ran hierarchically, and the
-     veth's byte counters proving that the data crossed the link;
+     byte counters of host A's link proving that the data crossed it;
   3. training: examples/plain learns across the two hosts;
   4. managed-cluster mode: `dtrainrun --cluster` on both hosts, the follower on host B printing
      its own ranks' output and exiting with the job's status.
@@ -24,26 +26,18 @@ Note [Finalize over TCP]
 The jobs here are the ones that showed MPICH/UCX hanging in MPI_Finalize across hosts; dtrain
 settles a multi-host job before it finalizes MPI (include/dtrain/runtime/session_impl.hpp, Note
 [Finalize over TCP]). A job that still hangs there is reported as such, with its output.
-
-Note [Two hosts on one machine]
-Measured with MPICH 4.0.2 (ch4:ucx, UCX 1.13) on Debian 12: with separate network and UTS
-namespaces only, a 16 MiB allreduce between the "hosts" moved 10 KB over the veth (UCX chose
-shared memory: it compares boot ids); with a separate IPC namespace or boot id alone the data
-crossed but the job hung at exit; with all of them (and a private /dev/shm) 16.8 MB crossed
-each way and the job ended cleanly.
 """
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
-import time
-import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks", "cluster"))
+import netns_cluster  # noqa: E402
+
 DTRAINRUN = os.environ["DTRAINRUN"]
 PROBE = os.environ["DTRAIN_TEST_PROBE"]
 PLAIN_TRAIN = os.environ["DTRAIN_TEST_PLAIN_TRAIN"]
@@ -111,127 +105,12 @@ def rank_json(stdout, probe):
 def namespaces_unavailable():
     if os.environ.get("DTRAIN_TEST_NO_NETNS") == "1":
         return "DTRAIN_TEST_NO_NETNS=1"
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "unshare", "mount", "hostname"):
-        if shutil.which(tool) is None:
-            return f"'{tool}' is not installed"
-    probe = f"dtrainprobe{os.getpid()}"
-    made = run(["ip", "netns", "add", probe], timeout=30)
-    if made.returncode != 0:
-        return f"`ip netns add` is refused: {made.stderr.strip()}"
-    entered = run(["ip", "netns", "exec", probe, "unshare", "--uts", "--ipc", "--mount", "true"],
-                  timeout=30)
-    run(["ip", "netns", "del", probe], timeout=30)
-    if entered.returncode != 0:
-        return f"entering namespaces is refused: {entered.stderr.strip()}"
-    return None
+    return netns_cluster.namespaces_unavailable()
 
 
-class Host:
-    def __init__(self, namespace, name, address, veth):
-        self.namespace, self.name, self.address, self.veth = namespace, name, address, veth
-
-
-class TwoHosts:
-    """Two namespaced hosts joined by a veth pair, torn down on exit."""
-
-    def __enter__(self):
-        tag = f"dt{os.getpid() % 100000}"
-        self.folder = tempfile.mkdtemp(prefix="dtrain-netns-")
-        self.hosts = [Host(f"{tag}a", "dtrain-host-a", "10.200.0.1", f"{tag}va"),
-                      Host(f"{tag}b", "dtrain-host-b", "10.200.0.2", f"{tag}vb")]
-        try:
-            self._set_up()
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def _ip(self, *args):
-        done = run(["ip", *args], timeout=30)
-        check(done.returncode == 0, f"ip {' '.join(args)}: {done.stderr.strip()}")
-
-    def _set_up(self):
-        a, b = self.hosts
-        for h in self.hosts:
-            self._ip("netns", "add", h.namespace)
-        self._ip("link", "add", a.veth, "netns", a.namespace, "type", "veth", "peer", "name",
-                 b.veth, "netns", b.namespace)
-        for h in self.hosts:
-            self._ip("-n", h.namespace, "addr", "add", f"{h.address}/24", "dev", h.veth)
-            self._ip("-n", h.namespace, "link", "set", h.veth, "up")
-            self._ip("-n", h.namespace, "link", "set", "lo", "up")
-            h.boot_id = os.path.join(self.folder, f"boot_id.{h.name}")
-            with open(h.boot_id, "w") as f:
-                f.write(f"{uuid.uuid4()}\n")
-        self._wait_for_carrier()
-        # enter.sh HOST COMMAND...: runs COMMAND inside HOST's namespaces.
-        self.enter = os.path.join(self.folder, "enter.sh")
-        cases = "\n".join(
-            f"  {h.address}) ns={h.namespace} name={h.name} boot_id={h.boot_id} ;;"
-            for h in self.hosts)
-        with open(self.enter, "w") as f:
-            f.write(f"""#!/bin/sh
-host=$1
-shift
-case $host in
-{cases}
-  *) echo "enter.sh: no host $host" >&2; exit 255 ;;
-esac
-exec ip netns exec "$ns" unshare --uts --ipc --mount sh -c '
-  hostname "$1" && mount --bind "$2" /proc/sys/kernel/random/boot_id &&
-  mount -t tmpfs dtrain-shm /dev/shm && shift 2 && exec "$@"' enter.sh "$name" "$boot_id" "$@"
-""")
-        # agent.sh HOST COMMAND...: what Hydra calls instead of ssh. COMMAND is a shell command
-        # line, and the environment is as bare as an ssh login's.
-        self.agent = os.path.join(self.folder, "agent.sh")
-        with open(self.agent, "w") as f:
-            f.write(f"""#!/bin/sh
-host=$1
-shift
-exec env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \\
-  {self.enter} "$host" sh -c "$*"
-""")
-        os.chmod(self.enter, 0o755)
-        os.chmod(self.agent, 0o755)
-
-    def _wait_for_carrier(self, timeout_s=10.0):
-        """A veth reports carrier a moment after both ends are up, and UCX leaves out every
-        interface that is not running when a rank starts: a job started at once finds no way
-        to the other host ("Destination is unreachable" in MPI_Init)."""
-        deadline = time.monotonic() + timeout_s
-        for h in self.hosts:
-            state = ""
-            while state != "up":
-                done = run(["ip", "netns", "exec", h.namespace, "cat",
-                            f"/sys/class/net/{h.veth}/operstate"], timeout=30)
-                state = done.stdout.strip()
-                check(time.monotonic() < deadline,
-                      f"{h.veth} in {h.namespace} is still '{state}' after {timeout_s} s")
-                if state != "up":
-                    time.sleep(0.05)
-
-    def __exit__(self, *exc):
-        for h in self.hosts:
-            run(["ip", "netns", "del", h.namespace], timeout=30)
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def on(self, host, argv):
-        return [self.enter, host.address, *argv]
-
-    def veth_bytes(self):
-        a = self.hosts[0]
-        counts = []
-        for direction in ("rx", "tx"):
-            done = run(["ip", "netns", "exec", a.namespace, "cat",
-                        f"/sys/class/net/{a.veth}/statistics/{direction}_bytes"], timeout=30)
-            require(done, f"reading the {direction} counter of {a.veth}")
-            counts.append(int(done.stdout))
-        return counts
-
-    def host_list(self):
-        return ",".join(f"{h.address}:{SLOTS}" for h in self.hosts)
+def link_bytes(cluster):
+    """(received, sent) bytes over host A's link."""
+    return list(cluster.link_bytes(0))
 
 
 def probe_finished(stdout):
@@ -295,9 +174,9 @@ def job_environment():
 def real_hosts():
     host_name = {"dtrain-host-a": "#0", "dtrain-host-b": "#1"}
     env = job_environment()
-    with TwoHosts() as cluster:
+    with netns_cluster.Cluster(hosts=2) as cluster:
         a, b = cluster.hosts
-        common = [DTRAINRUN, "-H", cluster.host_list(), "--launcher-agent", cluster.agent]
+        common = [DTRAINRUN, "-H", cluster.host_list(SLOTS), "--launcher-agent", cluster.agent]
 
         done = run_job(cluster.on(a, common + ["-x", "LAUNCHER_TEST_MARK=forwarded", "--",
                                                ENV_REPORT, "DTRAIN_HIERARCHICAL_ALLREDUCE",
@@ -305,28 +184,28 @@ def real_hosts():
                        lambda out: out.count('"env"') == 4)
         check_variables(done.stdout, "namespaces")
 
-        before = cluster.veth_bytes()
+        before = link_bytes(cluster)
         done = run_job(cluster.on(a, common + ["--", PROBE, "--elements", str(ELEMENTS)]), env,
                        "the probe job", probe_finished)
-        after = cluster.veth_bytes()
+        after = link_bytes(cluster)
         check_probe(done.stdout, lambda t: host_name.get(t["host"]), "namespaces")
         crossed = [y - x for x, y in zip(before, after)]
         # Each of the two cross-host allreduces carries half of the 16 MiB; at least that much
         # must come in, and go out, over host A's end of the link.
         check(min(crossed) >= ELEMENTS * 4 // 2,
-              f"only {crossed} bytes (received, sent) crossed the veth for a {ELEMENTS * 4} byte "
+              f"only {crossed} bytes (received, sent) crossed the link for a {ELEMENTS * 4} byte "
               f"allreduce: the ranks talked through shared memory")
-        print(f"probe: topology and hierarchical allreduce correct; veth {a.veth}: received "
+        print(f"probe: topology and hierarchical allreduce correct; host A's link: received "
               f"{crossed[0]} bytes, sent {crossed[1]} bytes")
 
-        before = cluster.veth_bytes()
+        before = link_bytes(cluster)
         done = run_job(cluster.on(a, common + ["--", PLAIN_TRAIN, "--epochs", str(EPOCHS)]),
                        env, "the training job", training_finished)
         losses = check_training(done.stdout, "namespaces")
-        crossed = [y - x for x, y in zip(before, cluster.veth_bytes())]
-        check(min(crossed) > 0, f"training moved {crossed} bytes over the veth")
+        crossed = [y - x for x, y in zip(before, link_bytes(cluster))]
+        check(min(crossed) > 0, f"training moved {crossed} bytes over the link")
         print(f"training: loss {losses[0]:.4f} -> {losses[-1]:.4f} over {len(losses)} epochs; "
-              f"veth: received {crossed[0]} bytes, sent {crossed[1]} bytes")
+              f"link: received {crossed[0]} bytes, sent {crossed[1]} bytes")
 
         port = "29517"
         cluster_env = dict(env, DTRAIN_HOSTS=",".join(h.address for h in cluster.hosts))
@@ -414,7 +293,7 @@ def main():
         print(f"SKIPPED: the job passed with DTRAIN_HOST_ID emulation, but no network was "
               f"crossed ({reason})")
         return SKIPPED
-    except (Failure, subprocess.TimeoutExpired) as e:
+    except (Failure, netns_cluster.ClusterError, subprocess.TimeoutExpired) as e:
         print(f"FAILED: {e}")
         return 1
 
