@@ -11,7 +11,8 @@ from typing import List, Mapping, Optional, Tuple
 
 from . import cluster, job, mpi, options, rank, records, slurm
 from .errors import EXIT_USAGE, LaunchError, UsageError
-from .hosts import Host, describe, fill, rank_hosts, read_hostfile, total_slots
+from .hosts import (Host, describe, fill, layout_text, rank_hosts, read_hostfile,
+                    total_slots)
 from .limits import MAX_RANKS, MAX_RANKS_WHY
 
 
@@ -59,16 +60,6 @@ def plan_layout(np: Optional[int], hosts: List[Host], source: str) -> List[Host]
                          f"{available} ({describe(hosts)}); lower -np or give the hosts more "
                          f"slots")
     return fill(hosts, wanted)
-
-
-def layout_text(layout: List[Host]) -> str:
-    parts, first = [], 0
-    for h in layout:
-        last = first + h.slots - 1
-        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
-        parts.append(f"{h.name} ({ranks})")
-        first = last + 1
-    return ", ".join(parts)
 
 
 class Context:
