@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from .errors import EXIT_LEADER_LOST, EXIT_NOT_STARTED, LaunchError, UsageError, shown
-from .hosts import Host, natural_key, parse_host_entry
+from .hosts import Host, is_host_name, natural_key, parse_host_entry
 from .limits import MAX_RANKS, MAX_RANKS_WHY, parse_count
 from .job import Output, write_all
 
@@ -155,10 +155,13 @@ class Leader:
     """The status channel's server side (Note [Cluster status channel])."""
 
     def __init__(self, cluster: ClusterHosts, port: int, program: List[str],
-                 rank_hosts: List[str]):
+                 rank_hosts: List[str], open_membership: bool = False):
         self.cluster = cluster
         self.program = program
         self.rank_hosts = rank_hosts  # host of every rank, by rank
+        # Elastic mode: the hosts of a world are the discovery script's to choose, so any host
+        # that runs `dtrainrun --cluster` may follow, including one that joins later.
+        self.open_membership = open_membership
         self.connections: Dict[str, socket.socket] = {}
         self.lock = threading.Lock()
         self.arrived = threading.Condition(self.lock)
@@ -193,7 +196,10 @@ class Leader:
             sock.close()
             return
         host = hello.get("host") if isinstance(hello, dict) else None
-        if host not in self.cluster.followers or hello.get("protocol") != PROTOCOL:
+        welcome = host in self.cluster.followers or (
+            self.open_membership and isinstance(host, str) and host != self.cluster.leader
+            and is_host_name(host))
+        if not welcome or hello.get("protocol") != PROTOCOL:
             try:
                 _send(sock, {"type": "refused",
                              "reason": f"'{host}' is not a follower of this job (followers: "
@@ -218,6 +224,10 @@ class Leader:
             except OSError:
                 self.connections.pop(host, None)
             self.arrived.notify_all()
+
+    def set_rank_hosts(self, rank_hosts: List[str]) -> None:
+        """A new world (elastic mode): where its ranks run, for LeaderOutput."""
+        self.rank_hosts = rank_hosts
 
     def _heartbeat(self) -> None:
         while not self.closing:

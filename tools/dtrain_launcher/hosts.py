@@ -41,6 +41,10 @@ def natural_key(name: str):
     return key
 
 
+def is_host_name(name: str) -> bool:
+    return _HOST_NAME.match(name) is not None
+
+
 def check_host_name(name: str, where: str) -> None:
     if not _HOST_NAME.match(name):
         raise UsageError(
@@ -164,6 +168,17 @@ def fill(hosts: List[Host], np: int) -> List[Host]:
 def rank_hosts(layout: List[Host]) -> List[str]:
     """Host name of every rank, by rank, for a layout from fill()."""
     return [h.name for h in layout for _ in range(h.slots)]
+
+
+def layout_text(layout: List[Host]) -> str:
+    """'node1 (ranks 0-3), node2 (rank 4)' for a layout from fill()."""
+    parts, first = [], 0
+    for h in layout:
+        last = first + h.slots - 1
+        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        parts.append(f"{h.name} ({ranks})")
+        first = last + 1
+    return ", ".join(parts)
 
 
 def find(hosts: List[Host], name: str) -> Optional[Host]:

@@ -84,6 +84,10 @@ class Attempt:
     code: int
     reason: str = ""
     interrupted: bool = False
+    # For elastic mode's blame (elastic._blame): the first rank that reported a failure, and the
+    # ranks that never started.
+    failed_rank: Optional[int] = None
+    never_started: List[int] = field(default_factory=list)
 
 
 @dataclass
@@ -268,21 +272,23 @@ def _verdict(state: _State, rc: int, stop_reason: Optional[str], start_timeout_s
         name = records.signal_name(interrupts.signal)
         return Attempt(128 + interrupts.signal, f"interrupted by {name}", interrupted=True)
     if state.first_failure is not None:
+        rank = state.first_failure.get("rank")
         return Attempt(records.exit_code(state.first_failure),
-                       records.describe_exit(state.first_failure))
+                       records.describe_exit(state.first_failure),
+                       failed_rank=rank if isinstance(rank, int) else None)
     never_started = [r for r in range(state.np) if r not in state.started]
     if stop_reason == "start":
         return Attempt(EXIT_NOT_STARTED,
                        f"rank(s) {ranks_text(never_started)} did not start within "
                        f"{start_timeout_s:g} s; can {launcher_name} reach their hosts? "
-                       f"(--verbose shows its command)")
+                       f"(--verbose shows its command)", never_started=never_started)
     if rc != 0:
         how = (f"was killed by signal {-rc} ({records.signal_name(-rc)})" if rc < 0
                else f"exited with code {rc}")
         if never_started:
             return Attempt(EXIT_NOT_STARTED,
                            f"{launcher_name} {how} before rank(s) {ranks_text(never_started)} "
-                           f"started")
+                           f"started", never_started=never_started)
         unreported = [r for r in range(state.np) if r not in state.ended]
         detail = (f"; rank(s) {ranks_text(unreported)} ended without reporting their status"
                   if unreported else "; every rank exited with 0")

@@ -7,11 +7,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-from typing import List, Mapping, Optional, Tuple
+import time
+from typing import Callable, List, Mapping, Optional, Tuple
 
-from . import cluster, job, mpi, options, rank, records, slurm
+from . import cluster, elastic, elastic_run, job, mpi, options, rank, records, slurm
 from .errors import EXIT_USAGE, LaunchError, UsageError
-from .hosts import Host, describe, fill, rank_hosts, read_hostfile, total_slots
+from .hosts import (Host, describe, fill, layout_text, rank_hosts, read_hostfile,
+                    total_slots)
 from .limits import MAX_RANKS, MAX_RANKS_WHY
 
 
@@ -59,16 +61,6 @@ def plan_layout(np: Optional[int], hosts: List[Host], source: str) -> List[Host]
                          f"{available} ({describe(hosts)}); lower -np or give the hosts more "
                          f"slots")
     return fill(hosts, wanted)
-
-
-def layout_text(layout: List[Host]) -> str:
-    parts, first = [], 0
-    for h in layout:
-        last = first + h.slots - 1
-        ranks = f"rank {first}" if first == last else f"ranks {first}-{last}"
-        parts.append(f"{h.name} ({ranks})")
-        first = last + 1
-    return ", ".join(parts)
 
 
 class Context:
@@ -134,9 +126,12 @@ def check_build(o: options.Options, ctx: Context) -> int:
 
 
 def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: List[Host],
-            token: str, restart_count: int) -> Tuple[List[str], dict]:
-    """The launcher's command line and environment for one attempt."""
+            token: str, restart_count: int,
+            extra: Optional[Mapping[str, str]] = None) -> Tuple[List[str], dict]:
+    """The launcher's command line and environment for one attempt; `extra`: variables of
+    dtrainrun's own for the ranks (elastic mode's)."""
     env = mpi.launch_environment(os.environ, o.env, restart_count)
+    env.update(extra or {})
     argv = mpi.command(launcher, layout,
                        [ctx.entry_script, "--rank-shim", token, "--"] + o.program,
                        env, o.env, o.launcher_agent, os.geteuid() == 0)
@@ -173,6 +168,75 @@ def _prepare(o: options.Options, ctx: Context, program: str, layout: List[Host],
     return launcher
 
 
+def _elastic_settings(o: options.Options) -> elastic.Settings:
+    min_np = o.min_np if o.min_np is not None else o.np
+    return elastic.Settings(min_np=min_np, max_np=o.max_np if o.max_np is not None else MAX_RANKS,
+                            start_np=o.np if o.np is not None else min_np, restarts=o.restarts,
+                            elastic_timeout_s=o.elastic_timeout_s,
+                            cooldown_s=o.blacklist_cooldown_s)
+
+
+def run_elastic(o: options.Options, ctx: Context, program: str, output: job.Output,
+                default_slots: int = 1,
+                on_layout: Optional[Callable[[List[Host]], None]] = None) -> int:
+    """--host-discovery-script: the job as a sequence of worlds (Note [Elastic model] in
+    elastic.py)."""
+    launcher = mpi.choose(program, o.mpi, o.launcher, ctx.build_config)
+    mpi.launch_environment(os.environ, o.env, 0)  # refuses -x NAME for an unset NAME now
+    if o.verbose:
+        output.note(f"dtrainrun: MPI: {launcher.describe()}, because {launcher.reason}")
+    settings = _elastic_settings(o)
+    discovery = elastic_run.Discovery(o.host_discovery_script, default_slots, output.note)
+    if o.dry_run:
+        machine = elastic.Elastic(settings, time.monotonic)
+        machine.discovered(discovery.first())
+        step = machine.next_world()
+        if isinstance(step, elastic.Launch):
+            extra = elastic_run.rank_environment(step.generation, "ADDRESS:PORT")
+            say(shlex.join(_launch(o, ctx, launcher, step.layout, "TOKEN", 0, extra)[0]))
+            return 0
+        output.note(f"{step.message}; --dry-run does not wait")
+        return elastic.EXIT_ELASTIC_TIMEOUT
+
+    with job.Interrupts() as interrupts:
+        def run_world(layout: List[Host], extra: Mapping[str, str], restart_count: int,
+                      world_output: job.Output) -> job.Attempt:
+            token = records.new_token()
+            argv, env = _launch(o, ctx, launcher, layout, token, restart_count, extra)
+            if o.verbose:
+                world_output.note(f"dtrainrun: running {shlex.join(argv)}")
+            return job.run_attempt(argv, env, total_slots(layout), token, world_output,
+                                   o.start_timeout_s, interrupts,
+                                   os.path.basename(launcher.path))
+
+        return elastic_run.run(settings, discovery, run_world, output, interrupts,
+                               o.elastic_port, on_layout)
+
+
+def run_cluster_elastic(o: options.Options, ctx: Context, program: str,
+                        hosts: cluster.ClusterHosts) -> int:
+    """The leader of an elastic managed-cluster job: the discovery script says which hosts the
+    cluster offers now (DTRAIN_HOSTS or SM_HOSTS only choose the leader), and followers are
+    welcome whenever they come, since the hosts of a world are the script's to choose."""
+    slots, _ = cluster.default_slots(os.environ, o.slots)
+    if o.dry_run:
+        return run_elastic(o, ctx, program, job.Output(o.prefix, o.verbose), slots)
+    leader = cluster.Leader(hosts, o.cluster_port, o.program, [], open_membership=True)
+    output = cluster.LeaderOutput(o.prefix, o.verbose, leader)
+    code, reason = 1, "the leader failed"
+    try:
+        code = run_elastic(o, ctx, program, output, slots,
+                           lambda layout: leader.set_rank_hosts(rank_hosts(layout)))
+        reason = "the job succeeded" if code == 0 else f"the job failed with {code}"
+    except (LaunchError, UsageError) as e:
+        output.note(str(e))
+        code = e.exit_code if isinstance(e, LaunchError) else EXIT_USAGE
+        reason = str(e)
+    finally:
+        leader.finish(code, reason)
+    return code
+
+
 def run_cluster(o: options.Options, ctx: Context, program: str) -> int:
     hosts = cluster.hosts_from_env(os.environ, o.slots)
     if hosts.current != hosts.leader:
@@ -182,6 +246,8 @@ def run_cluster(o: options.Options, ctx: Context, program: str) -> int:
                   f"{o.cluster_port}")
             return 0
         return cluster.follow(hosts, o.cluster_port, o.cluster_timeout_s, o.program, output)
+    if o.host_discovery_script is not None:
+        return run_cluster_elastic(o, ctx, program, hosts)
 
     layout = plan_layout(o.np, hosts.hosts, hosts.source)
     plain = job.Output(o.prefix, o.verbose)
@@ -222,6 +288,8 @@ def run(argv: List[str], entry_script: str, package_root: str) -> int:
         program = resolve_program(o.program[0])
         if o.cluster:
             return run_cluster(o, ctx, program)
+        if o.host_discovery_script is not None:
+            return run_elastic(o, ctx, program, job.Output(o.prefix, o.verbose))
         hosts, source = plan_hosts(o, os.environ)
         layout = plan_layout(o.np, hosts, source)
         output = job.Output(o.prefix, o.verbose)

@@ -42,6 +42,10 @@ _MPI_NAMES = {"mpich": "MPICH", "openmpi": "Open MPI"}
 # Variables that exist only for dtrainrun itself and are not passed to the ranks (dtrain would
 # warn about DTRAIN_ names that are not settings).
 LAUNCHER_ONLY_VARIABLES = ("DTRAIN_HOSTS", "DTRAIN_CURRENT_HOST")
+# Variables that dtrainrun sets for the ranks of an elastic job (Note [Elastic notification
+# protocol] in elastic_notify.py). Values in dtrainrun's own environment (a dtrainrun started by a
+# rank of another elastic job) would point the ranks at that job's launcher, so they are dropped.
+ELASTIC_VARIABLES = ("DTRAIN_ELASTIC", "DTRAIN_ELASTIC_NOTIFY", "DTRAIN_ELASTIC_GENERATION")
 # Always passed to the ranks, besides -x names: settings (DTRAIN_*, HOROVOD_*), dtrainrun's own
 # (DTRAINRUN_*), and what finds programs and libraries on the other hosts.
 FORWARDED_PREFIXES = ("DTRAIN_", "HOROVOD_", "DTRAINRUN_")
@@ -228,7 +232,8 @@ def _find_launcher(flavor: str, preferred: Optional[object], run: Runner,
 def launch_environment(base: Mapping[str, str], assignments: Sequence[Tuple[str, Optional[str]]],
                        restart_count: int) -> Dict[str, str]:
     """The environment the MPI launcher starts with; what the ranks see comes from it."""
-    env = {k: v for k, v in base.items() if k not in LAUNCHER_ONLY_VARIABLES}
+    env = {k: v for k, v in base.items()
+           if k not in LAUNCHER_ONLY_VARIABLES and k not in ELASTIC_VARIABLES}
     for name, value in assignments:
         if value is not None:
             env[name] = value

@@ -17,10 +17,14 @@ joined with '=' (`--launcher-agent=-x`), as argparse would read it as an option.
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
+import shutil
 import textwrap
 from typing import Callable, List, Optional, Tuple
 
+from .elastic import EXIT_ELASTIC_TIMEOUT, RESIZE_EXIT_STATUS
 from .errors import (EXIT_LEADER_LOST, EXIT_NOT_STARTED, EXIT_RESTARTS_EXHAUSTED, EXIT_USAGE,
                      UsageError, shown)
 from .hosts import parse_host_list
@@ -29,6 +33,16 @@ from .limits import MAX_RANKS, MAX_RANKS_WHY, MAX_RESTARTS, parse_count, whole_n
 DEFAULT_CLUSTER_PORT = 29517
 DEFAULT_CLUSTER_TIMEOUT_S = 300.0
 DEFAULT_START_TIMEOUT_S = 120.0
+# Horovod's default for its --elastic-timeout.
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+DEFAULT_BLACKLIST_COOLDOWN_S = 60.0
+# A job that has waited a week for hosts needs a person, not more waiting.
+MAX_ELASTIC_TIMEOUT_S = 7 * 24 * 3600.0
+# A day; Note [Blacklist cooldown] doubles it up to 32 times for a host that keeps failing.
+MAX_BLACKLIST_COOLDOWN_S = 24 * 3600.0
+# The options that only elastic mode reads.
+ELASTIC_ONLY = ("--min-np", "--max-np", "--elastic-timeout", "--blacklist-cooldown",
+                "--elastic-port")
 
 USAGE = "usage: dtrainrun [options] [--] program [args...]"
 SEE_HELP = "see dtrainrun --help"
@@ -41,10 +55,13 @@ _EPILOG = textwrap.fill(
     f"dtrainrun exits with the exit code of the first rank that failed (128 + N for a rank "
     f"killed by signal N), {EXIT_USAGE} for bad arguments, {EXIT_NOT_STARTED} when the job could "
     f"not be started, {EXIT_RESTARTS_EXHAUSTED} when --restarts were used up, "
-    f"{EXIT_LEADER_LOST} when a --cluster follower lost its leader.", 100) + """
+    f"{EXIT_LEADER_LOST} when a --cluster follower lost its leader, {EXIT_ELASTIC_TIMEOUT} when "
+    f"elastic mode had fewer than --min-np slots for --elastic-timeout. In elastic mode a world "
+    f"whose ranks exit with {RESIZE_EXIT_STATUS} after a resize was requested is started again "
+    f"on the current hosts.", 100) + """
 
-docs/running.md in dtrain's sources has examples for one host, many hosts, SLURM and managed
-clusters."""
+docs/running.md in dtrain's sources has examples for one host, many hosts, SLURM, managed
+clusters and elastic jobs."""
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _NO_VALUE = object()  # the const of a valued option: it was given without a value
@@ -79,6 +96,45 @@ def _seconds(option: str, text: str) -> float:
     if not value > 0:
         raise UsageError(f"dtrain: {option} {shown(text, quote='')}: must be more than 0 seconds")
     return value
+
+
+def _seconds_up_to(maximum: float, zero: bool = False) -> Callable[[str, str], float]:
+    """A check for a finite number of seconds, at most `maximum`, and more than 0 (or at least 0
+    with `zero`)."""
+    def check(option: str, text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise UsageError(f"dtrain: {option} expects seconds, got {shown(text)}")
+        if value < 0 or (value == 0 and not zero):
+            raise UsageError(f"dtrain: {option} {shown(text, quote='')}: must be "
+                             + ("0 or more seconds" if zero else "more than 0 seconds"))
+        if value > maximum:
+            raise UsageError(f"dtrain: {option} {shown(text, quote='')}: at most {maximum:g} "
+                             f"seconds")
+        return value
+    return check
+
+
+def _port_or_any(option: str, text: str) -> int:
+    if (parse_count(text, 65535) or 0) > 65535:
+        raise UsageError(f"dtrain: {option} {shown(text, quote='')}: ports go up to 65535")
+    return whole_number(option, text, 0, 65535)
+
+
+def _script(option: str, text: str) -> str:
+    """An executable file, by path or on PATH; the value is its path."""
+    found = text if os.sep in text else shutil.which(text)
+    if found is None:
+        raise UsageError(f"dtrain: {option} {shown(text)}: not found on PATH; give its path "
+                         f"(./{text} if it is in this folder)")
+    if not os.path.exists(found):
+        raise UsageError(f"dtrain: {option} {shown(text)}: no such file")
+    if not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise UsageError(f"dtrain: {option} {shown(text)}: not an executable file")
+    return found
 
 
 def _env_assignment(option: str, text: str) -> Tuple[str, Optional[str]]:
@@ -189,11 +245,38 @@ def _declare() -> _Parser:
            metavar="K",
            help="relaunch a failed job (a rank exited non-zero or died) up to K times; the "
                 "program resumes from its own checkpoints (DTRAINRUN_RESTART_COUNT tells it "
-                "which attempt it is)")
+                "which attempt it is). In elastic mode resizes do not count, only failures")
     option("--start-timeout", dest="start_timeout_s", action=_Value, check=_seconds,
            default=DEFAULT_START_TIMEOUT_S, metavar="S",
            help=f"give up when some rank has not started after S seconds (default "
                 f"{DEFAULT_START_TIMEOUT_S:g})")
+
+    option = group("Elastic mode (hosts may come and go; docs/elastic.md)")
+    option("--host-discovery-script", dest="host_discovery_script", action=_Value,
+           check=_script, metavar="S",
+           help="turns elastic mode on: S prints the hosts on offer, a `host:slots` line each, "
+                "and is run again every second; the job is restarted on the hosts it offers when "
+                "they change (at a commit of the program's) or when it fails")
+    option("--min-np", dest="min_np", action=_Value, check=_ranks, metavar="N",
+           help="the fewest ranks the job runs with (default: -np); with fewer slots on offer, "
+                "dtrainrun waits")
+    option("--max-np", dest="max_np", action=_Value, check=_ranks, metavar="M",
+           help="the most ranks the job runs with (default: every slot on offer)")
+    option("--elastic-timeout", dest="elastic_timeout_s", action=_Value,
+           check=_seconds_up_to(MAX_ELASTIC_TIMEOUT_S), default=DEFAULT_ELASTIC_TIMEOUT_S,
+           metavar="S",
+           help=f"give up after waiting S seconds for --min-np slots (default "
+                f"{DEFAULT_ELASTIC_TIMEOUT_S:g}), exiting with {EXIT_ELASTIC_TIMEOUT}")
+    option("--blacklist-cooldown", dest="blacklist_cooldown_s", action=_Value,
+           check=_seconds_up_to(MAX_BLACKLIST_COOLDOWN_S, zero=True),
+           default=DEFAULT_BLACKLIST_COOLDOWN_S, metavar="S",
+           help=f"keep a host that failed out of new worlds for S seconds, twice as long for "
+                f"each failure in a row, up to 32 S (default {DEFAULT_BLACKLIST_COOLDOWN_S:g}; 0: "
+                f"never)")
+    option("--elastic-port", dest="elastic_port", action=_Value, check=_port_or_any, default=0,
+           metavar="P",
+           help="TCP port on which dtrainrun tells the ranks about resizes (default 0: any free "
+                "port)")
 
     option = group("Managed clusters (every host runs the same `dtrainrun --cluster -- program`)")
     option("--cluster", dest="cluster", action=_Flag,
@@ -289,5 +372,29 @@ def _check_combinations(o: Options) -> None:
                 raise UsageError(f"dtrain: {cluster_only} applies to --cluster only"
                                  + ("; give slots per host with -H host:slots"
                                     if cluster_only == "--slots" else ""))
+    _check_elastic(o)
     if not o.program and not o.check_build:
         raise UsageError(f"dtrain: no program to run; {USAGE}")
+
+
+def _check_elastic(o: Options) -> None:
+    if o.host_discovery_script is None:
+        for elastic_only in ELASTIC_ONLY:
+            if elastic_only in o.given:
+                raise UsageError(f"dtrain: {elastic_only} applies to elastic mode only, which "
+                                 f"--host-discovery-script S turns on")
+        return
+    if o.hosts is not None or o.hostfile is not None:
+        raise UsageError("dtrain: in elastic mode the hosts come from --host-discovery-script; "
+                         "drop -H/--hostfile")
+    if o.min_np is None and o.np is None:
+        raise UsageError("dtrain: elastic mode needs --min-np N, the fewest ranks the job runs "
+                         "with (or -np N, which --min-np then defaults to)")
+    min_np = o.min_np if o.min_np is not None else o.np
+    max_np = o.max_np if o.max_np is not None else MAX_RANKS
+    if min_np > max_np:
+        given = "--min-np" if o.min_np is not None else "-np"
+        raise UsageError(f"dtrain: {given} {min_np} is more than --max-np {max_np}")
+    if o.np is not None and not min_np <= o.np <= max_np:
+        raise UsageError(f"dtrain: -np {o.np} is outside --min-np {min_np} to --max-np "
+                         f"{max_np}; in elastic mode -np is the size the first world waits for")
