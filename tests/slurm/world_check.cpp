@@ -7,7 +7,10 @@
 // SLURM knows better: each task has SLURM_STEP_NUM_TASKS (the step's task count) and
 // SLURM_PROCID. A world of one rank in a step of several tasks is that mistake, unless an MPI
 // launcher started this process as a one-rank job of its own (PMI_SIZE or
-// OMPI_COMM_WORLD_SIZE say 1: mpiexec -n 1 inside a larger step).
+// OMPI_COMM_WORLD_SIZE say 1: mpiexec -n 1 inside a larger step). dtrain::init() needs the
+// same test right after MPI is initialized, failing with this message (and finalizing MPI if it
+// initialized it) before any collective: two "jobs" that each think they are whole never fail
+// on their own.
 //
 //   world_check      prints {"rank", "size", "slurm_tasks", "slurm_task"} and exits 0; or
 //                    prints the error on stderr and exits 3
