@@ -3,14 +3,14 @@
 # that is already installed. Safe to run again: with nothing missing it changes nothing (not even
 # the apt package lists).
 #
-#   tools/install-deps.sh [--torch] [--browser] [--openmpi] [--dry-run]
+#   tools/install-deps.sh [--torch] [--browser] [--openmpi] [--slurm] [--dry-run]
 #
 # Runs as root, or through sudo when started by another user.
 set -euo pipefail
 
 usage() {
   cat <<'EOF'
-Usage: tools/install-deps.sh [--torch] [--browser] [--openmpi] [--dry-run]
+Usage: tools/install-deps.sh [--torch] [--browser] [--openmpi] [--slurm] [--dry-run]
 
 Installs with apt what dtrain needs and is not installed yet:
   always      build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
@@ -22,6 +22,8 @@ Installs with apt what dtrain needs and is not installed yet:
               into a virtual environment of the project, never the system Python)
   --browser   chromium (the test that opens a dtrain-report page in a headless browser)
   --openmpi   openmpi-bin libopenmpi-dev (to build and test against Open MPI as well)
+  --slurm     slurmctld slurmd slurm-client munge (the tests that run jobs through a private
+              SLURM cluster, tests/slurm; installing them starts no daemon)
   --dry-run   only print what would be installed
 
 MPICH stays the default MPI: if installing Open MPI moves the mpicc/mpicxx/mpiexec
@@ -35,16 +37,19 @@ base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev do
 torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev)
 browser_packages=(chromium)
 openmpi_packages=(openmpi-bin libopenmpi-dev)
+slurm_packages=(slurmctld slurmd slurm-client munge)
 
 with_torch=0
 with_browser=0
 with_openmpi=0
+with_slurm=0
 dry_run=0
 for arg in "$@"; do
   case "$arg" in
     --torch) with_torch=1 ;;
     --browser) with_browser=1 ;;
     --openmpi) with_openmpi=1 ;;
+    --slurm) with_slurm=1 ;;
     --dry-run) dry_run=1 ;;
     -h | --help)
       usage
@@ -95,8 +100,12 @@ missing_openmpi=()
 if ((with_openmpi)); then
   mapfile -t missing_openmpi < <(missing_of "${openmpi_packages[@]}")
 fi
+missing_slurm=()
+if ((with_slurm)); then
+  mapfile -t missing_slurm < <(missing_of "${slurm_packages[@]}")
+fi
 
-all_missing=("${missing[@]}" "${missing_openmpi[@]}")
+all_missing=("${missing[@]}" "${missing_openmpi[@]}" "${missing_slurm[@]}")
 if ((${#all_missing[@]} == 0)); then
   echo "install-deps.sh: all required packages are already installed; nothing to do."
   exit 0
@@ -151,6 +160,24 @@ if ((${#missing_openmpi[@]} > 0)); then
         run_as_root update-alternatives --set "$name" "${before[$name]}"
       fi
     done < <(update-alternatives --get-selections)
+  fi
+fi
+
+if ((${#missing_slurm[@]} > 0)); then
+  # munge's postinst starts the machine's munged (with a key it makes in /etc/munge), and
+  # slurmctld's and slurmd's would start theirs once /etc/slurm/slurm.conf exists: the tests run
+  # a private cluster with its own key, socket and configuration, and want none of them. A
+  # policy-rc.d that says 101 makes invoke-rc.d (and deb-systemd-invoke) start nothing; one the
+  # machine already has (as container images do) is left as it is.
+  policy=/usr/sbin/policy-rc.d
+  if [[ -e "$policy" ]]; then
+    apt_install "${missing_slurm[@]}"
+  else
+    run_as_root sh -c "printf '#!/bin/sh\nexit 101\n' > $policy && chmod 755 $policy"
+    trap 'run_as_root rm -f "$policy"' EXIT
+    apt_install "${missing_slurm[@]}"
+    run_as_root rm -f "$policy"
+    trap - EXIT
   fi
 fi
 

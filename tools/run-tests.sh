@@ -10,7 +10,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${DTRAIN_BUILD_DIR:-$root/build}
 jobs=$(nproc)
 
-"$root/tools/install-deps.sh" --torch --browser
+# --slurm: the tests of tests/slurm run dtrain jobs through a private SLURM cluster.
+"$root/tools/install-deps.sh" --torch --browser --slurm
 torch_prefix=$("$root/tools/setup-libtorch.sh")
 # pycocotools, for the test that scores the Mask R-CNN example's output with the reference COCO API.
 venv=${DTRAIN_TORCH_VENV:-$root/.venv}

@@ -116,7 +116,12 @@ def ranks_text(ranks: Sequence[int]) -> str:
 class Interrupts:
     """SIGINT/SIGTERM/SIGHUP to dtrainrun: passed on to the launcher (which runs in its own
     process group, so it hears each signal once), and no restart afterwards. A second one kills
-    the launcher's process group."""
+    the launcher's process group.
+
+    SIGCONT is passed on to the launcher's process group, and is no interrupt: SLURM sends it
+    before the SIGTERM of scancel and after `scontrol suspend`, to the processes it tracks; where
+    it tracks the batch script's process group only (proctrack/pgid), the launcher's group hears
+    it from dtrainrun, and a stopped launcher can then act on the SIGTERM passed on after it."""
 
     def __init__(self):
         self.signal: Optional[int] = None
@@ -125,7 +130,12 @@ class Interrupts:
     def __enter__(self):
         self._old = {s: signal.signal(s, self._handle)
                      for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        self._old[signal.SIGCONT] = signal.signal(signal.SIGCONT, self._continue)
         return self
+
+    def _continue(self, _number, _frame):
+        if self.process is not None and self.process.poll() is None:
+            _signal_group(self.process, signal.SIGCONT)
 
     def __exit__(self, *exc):
         for s, handler in self._old.items():

@@ -134,8 +134,46 @@ def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: Li
     env.update(extra or {})
     argv = mpi.command(launcher, layout,
                        [ctx.entry_script, "--rank-shim", token, "--"] + o.program,
-                       env, o.env, o.launcher_agent, os.geteuid() == 0)
+                       env, o.env, o.launcher_agent, os.geteuid() == 0,
+                       slurm.bootstrap(layout, os.environ))
     return argv, env
+
+
+def run_step_task(o: options.Options, ctx: Context, program: str,
+                  task: slurm.StepTask) -> int:
+    """dtrainrun started by srun as a task of a job step, without -H or --hostfile (Note
+    [dtrainrun in a SLURM job] in slurm.py): this task is one rank when srun gave it a process
+    manager interface that the program's MPI speaks; otherwise the job is refused."""
+    needed, _ = mpi.needed_flavor(program, o.mpi, ctx.build_config)
+    wanted = slurm.PMI_FOR_FLAVOR.get(needed) if needed else None
+    if task.pmi is None or (wanted is not None and task.pmi != wanted):
+        if task.task == 0:  # one message for the job, not one from every task
+            sys.stderr.write(slurm.step_refusal(task, wanted or "pmi2", o.program[0]) + "\n")
+        return EXIT_USAGE
+    if o.np is not None and o.np != task.tasks:
+        raise UsageError(f"dtrain: -np {o.np}, but srun started {task.tasks} task(s), each "
+                         f"one rank; drop -np, or change srun's -n")
+    if o.restarts:
+        raise UsageError("dtrain: --restarts: srun started the ranks, and a job it started "
+                         "cannot be started again from inside; run dtrainrun in the batch "
+                         "script (it starts the ranks through srun) to restart failed jobs")
+    env = mpi.launch_environment(os.environ, o.env, 0)
+    if o.dry_run:
+        say(f"dtrainrun: srun task {task.task} of {task.tasks} (--mpi={task.pmi}) would run "
+            f"as rank {task.task}: {shlex.join(o.program)}")
+        return 0
+    if o.verbose and task.task == 0:
+        job.Output(o.prefix, o.verbose).note(
+            f"dtrainrun: srun started {task.tasks} task(s) with --mpi={task.pmi}: each runs "
+            f"the program as one rank")
+    os.environ.clear()
+    os.environ.update(env)
+    if not o.prefix:
+        try:
+            os.execvp(program, o.program)
+        except OSError as e:
+            raise UsageError(f"dtrain: cannot start {o.program[0]}: {e.strerror}") from None
+    return rank.run(None, [program] + o.program[1:])
 
 
 def _attempt_runner(o: options.Options, ctx: Context, launcher: mpi.Launcher,
@@ -165,6 +203,14 @@ def _prepare(o: options.Options, ctx: Context, program: str, layout: List[Host],
     if o.verbose:
         output.note(f"dtrainrun: MPI: {launcher.describe()}, because {launcher.reason}")
         output.note(f"dtrainrun: {total_slots(layout)} ranks on {layout_text(layout)}")
+        if launcher.flavor == "mpich" and not o.launcher_agent:
+            how = slurm.bootstrap(layout, os.environ)
+            if how == "slurm":
+                output.note("dtrainrun: the ranks start through srun (Hydra's slurm launcher), "
+                            "as a step of this SLURM job")
+            elif how == "ssh":
+                output.note("dtrainrun: some hosts are not in this SLURM allocation: the ranks "
+                            "start through ssh")
     return launcher
 
 
@@ -290,6 +336,9 @@ def run(argv: List[str], entry_script: str, package_root: str) -> int:
             return run_cluster(o, ctx, program)
         if o.host_discovery_script is not None:
             return run_elastic(o, ctx, program, job.Output(o.prefix, o.verbose))
+        task = slurm.step_task(os.environ)
+        if task is not None and o.hosts is None and o.hostfile is None:
+            return run_step_task(o, ctx, program, task)
         hosts, source = plan_hosts(o, os.environ)
         layout = plan_layout(o.np, hosts, source)
         output = job.Output(o.prefix, o.verbose)

@@ -122,11 +122,11 @@ def read_build_config(path: Optional[str]) -> Optional[Dict[str, object]]:
         return None
 
 
-def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
-           build_config: Optional[Mapping[str, object]], run: Runner = run_quietly,
-           which: Callable[[str], Optional[str]] = shutil.which) -> Launcher:
-    """See Note [Which MPI launches]. Raises UsageError when the launcher would not fit the
-    program or no fitting launcher exists."""
+def needed_flavor(program: Optional[str], mpi: Optional[str],
+                  build_config: Optional[Mapping[str, object]],
+                  run: Runner = run_quietly) -> Tuple[Optional[str], str]:
+    """The MPI the program needs and why (steps 1-3 of Note [Which MPI launches]), or
+    (None, '') when nothing tells. Raises UsageError when --mpi contradicts the program."""
     built = build_config.get("mpi_flavor") if build_config else None
     built = built if built in FLAVORS else None
     linked, evidence = flavor_of_program(program, run) if program else (None, "")
@@ -134,13 +134,20 @@ def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
         raise UsageError(f"dtrain: --mpi {mpi}, but the program links {evidence} "
                          f"({_MPI_NAMES[linked]}); {_SINGLETONS}; drop --mpi")
     if linked is not None:
-        needed, reason = linked, f"the program links {evidence}"
-    elif mpi is not None:
-        needed, reason = mpi, "given with --mpi"
-    elif built is not None:
-        needed, reason = built, "the MPI dtrain was built with"
-    else:
-        needed, reason = None, ""
+        return linked, f"the program links {evidence}"
+    if mpi is not None:
+        return mpi, "given with --mpi"
+    if built is not None:
+        return built, "the MPI dtrain was built with"
+    return None, ""
+
+
+def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
+           build_config: Optional[Mapping[str, object]], run: Runner = run_quietly,
+           which: Callable[[str], Optional[str]] = shutil.which) -> Launcher:
+    """See Note [Which MPI launches]. Raises UsageError when the launcher would not fit the
+    program or no fitting launcher exists."""
+    needed, reason = needed_flavor(program, mpi, build_config, run)
 
     if launcher is not None:
         path = which(launcher) if os.sep not in launcher else launcher
@@ -166,6 +173,7 @@ def choose(program: Optional[str], mpi: Optional[str], launcher: Optional[str],
                 + ("no MPICH or Open MPI launcher is installed" if not found else
                    "both MPICH and Open MPI are installed") + "; pass --mpi mpich|openmpi")
         needed, reason = found[0], "the only MPI installed"
+    built = build_config.get("mpi_flavor") if build_config else None
     preferred = build_config.get("mpiexec") if build_config and built == needed else None
     (path, version), others = _find_launcher(needed, preferred, run, which)
     if path is None:
@@ -234,6 +242,10 @@ def launch_environment(base: Mapping[str, str], assignments: Sequence[Tuple[str,
     """The environment the MPI launcher starts with; what the ranks see comes from it."""
     env = {k: v for k, v in base.items()
            if k not in LAUNCHER_ONLY_VARIABLES and k not in ELASTIC_VARIABLES}
+    if base.get("SLURM_STEP_ID") and base.get("SLURM_JOB_ID"):
+        # dtrainrun runs in a job step (srun -n 1 dtrainrun -H ...), which holds the CPUs that
+        # the launcher's own srun step needs; without overlapping it, that step waits forever.
+        env["SLURM_OVERLAP"] = "1"
     for name, value in assignments:
         if value is not None:
             env[name] = value
@@ -253,8 +265,10 @@ def forwarded_names(env: Mapping[str, str],
 
 def command(launcher: Launcher, layout: Sequence[Host], rank_command: Sequence[str],
             env: Mapping[str, str], assignments: Sequence[Tuple[str, Optional[str]]],
-            agent: Optional[str], as_root: bool) -> List[str]:
-    """The launcher's command line for `layout` (hosts with their rank counts, in rank order)."""
+            agent: Optional[str], as_root: bool, bootstrap: Optional[str] = None) -> List[str]:
+    """The launcher's command line for `layout` (hosts with their rank counts, in rank order).
+    `bootstrap`: how Hydra reaches the hosts, 'slurm' or 'ssh' (slurm.bootstrap()); None leaves
+    it to Hydra. An agent overrides it."""
     np = sum(h.slots for h in layout)
     hosts = ",".join(f"{h.name}:{h.slots}" for h in layout)
     if launcher.flavor == "mpich":
@@ -264,6 +278,10 @@ def command(launcher: Launcher, layout: Sequence[Host], rank_command: Sequence[s
         if agent:
             # rsh calls the agent as `agent host command...`, like Open MPI's plm_rsh_agent.
             argv += ["-launcher", "rsh", "-launcher-exec", agent]
+        elif bootstrap:
+            # Stated, not left to Hydra's guess, which HYDRA_LAUNCHER or a site's Hydra
+            # configuration can change (Note [dtrainrun in a SLURM job] in slurm.py).
+            argv += ["-launcher", bootstrap]
     else:
         # Open MPI passes only the variables named with -x. Slot mapping and no binding match
         # Hydra's placement (rank r on the host whose slots hold r) and its default of no binding.

@@ -83,7 +83,13 @@ def main(argv: List[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         sys.stderr.write("dtrain: dtrainrun --rank-shim is started by dtrainrun itself\n")
         return 2
-    token, program = argv[0], argv[2:]
+    return run(argv[0], argv[2:])
+
+
+def run(token: Optional[str], program: List[str]) -> int:
+    """Runs the program as this rank. `token`: the job's, for the records; None where no
+    dtrainrun reads them (srun started the ranks: Note [dtrainrun in a SLURM job] in
+    slurm.py), and the exit status is the only report."""
     # If the launcher's process on this host (Hydra's proxy, Open MPI's orted) is killed outright,
     # the program is asked to stop (the SIGTERM is passed on below) instead of running orphaned.
     launcher_process = os.getppid()
@@ -93,7 +99,8 @@ def main(argv: List[str]) -> int:
     rank = rank_from_env(os.environ)
     host = socket.gethostname()
     identity: Dict[str, object] = {"rank": None if rank == "?" else int(rank), "host": host}
-    _write(2, records.encode(token, dict(identity, event="start", pid=os.getpid())))
+    if token is not None:
+        _write(2, records.encode(token, dict(identity, event="start", pid=os.getpid())))
     try:
         child = subprocess.Popen(program, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  close_fds=False, preexec_fn=_die_with_parent)
@@ -103,7 +110,9 @@ def main(argv: List[str]) -> int:
                + f"dtrain: rank {rank} on {host} cannot start {error}\n".encode("utf-8",
                                                                          "surrogateescape"))
         code = 126 if isinstance(e, PermissionError) else 127
-        _write(2, records.encode(token, dict(identity, event="exit", code=code, error=error)))
+        if token is not None:
+            _write(2, records.encode(token, dict(identity, event="exit", code=code,
+                                                 error=error)))
         return code
 
     def forward(number, _frame) -> None:
@@ -128,5 +137,6 @@ def main(argv: List[str]) -> int:
     exit_signal: Optional[int] = -status if status < 0 else None
     payload = dict(identity, event="exit", code=status if status >= 0 else None,
                    signal=exit_signal)
-    _write(2, records.encode(token, payload))
+    if token is not None:
+        _write(2, records.encode(token, payload))
     return records.exit_code(payload)

@@ -1,8 +1,10 @@
 """SLURM allocations: the compressed node and task lists SLURM puts in the environment of a batch
-script (sbatch) or an interactive allocation (salloc)."""
+script (sbatch) or an interactive allocation (salloc), and what dtrainrun does in a job (Note
+[dtrainrun in a SLURM job])."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import List, Mapping, Optional
 
 from .errors import UsageError, shown
@@ -146,3 +148,89 @@ def hosts_from_env(env: Mapping[str, str]) -> Optional[List[Host]]:
     if len(set(nodes)) != len(nodes):
         raise UsageError(f"dtrain: {nodelist_var}={shown(nodelist)} names a node twice")
     return [Host(n, c) for n, c in zip(nodes, counts)]
+
+
+# Note [dtrainrun in a SLURM job]
+# Where dtrainrun runs in a job decides what it does:
+#  * in the batch script (sbatch) or salloc's command: the allocation is in SLURM_JOB_NODELIST
+#    and SLURM_TASKS_PER_NODE, there is no SLURM_STEP_ID, and dtrainrun starts the job once, the
+#    ranks through srun: MPICH's Hydra with its slurm launcher (`-launcher slurm`: one srun
+#    step runs a hydra_pmi_proxy on each node, which starts that node's ranks; SLURM then
+#    tracks, signals and cleans up every rank as part of the job), Open MPI's mpirun with its
+#    own SLURM support;
+#  * as a task of a job step (`srun dtrainrun ...`: SLURM_STEP_ID is set) whose tasks srun gave a
+#    process manager interface the program's MPI speaks (`srun --mpi=pmi2` for MPICH,
+#    `--mpi=pmix` for Open MPI): srun has started the ranks, one per task, and dtrainrun is each
+#    rank's wrapper (labelled lines, signals passed on, the rank's exit status);
+#  * as a task of a step without such an interface: refused. Every task would start the whole
+#    job (and wait forever for CPUs its own step holds), and the program alone, under srun,
+#    would be a one-rank job per task. The layout of the allocation is not in a step's
+#    variables either (SLURM_TASKS_PER_NODE is the step's), so even a step of one task does not
+#    know it; with -H or --hostfile it runs as given.
+# Measured with SLURM 22.05 and MPICH 4.0.2 on Debian 12: MPICH's PMI client works with
+# `srun --mpi=pmi2`; srun's pmix plugin needs libpmix2 and Debian's MPICH has no PMIx client.
+
+# What srun's MPI plugins put in a task's environment.
+_PMI_OF_PLUGIN = (("pmix", ("PMIX_RANK",)), ("pmi2", ("PMI_FD", "PMI_RANK")))
+# The plugin each MPI's client can use under srun.
+PMI_FOR_FLAVOR = {"mpich": "pmi2", "openmpi": "pmix"}
+
+
+@dataclass(frozen=True)
+class StepTask:
+    """dtrainrun as task `task` of the `tasks` tasks of job step `step`, started by srun."""
+    step: str
+    task: int
+    tasks: int
+    pmi: Optional[str]  # 'pmi2', 'pmix', or None: the interface srun gave the tasks
+
+
+def step_task(env: Mapping[str, str]) -> Optional[StepTask]:
+    """The step task this process is, or None (no step: a batch script, salloc, no SLURM).
+    Hydra's own srun step, which runs hydra_pmi_proxy, never runs dtrainrun but its
+    --rank-shim, which does not ask."""
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    if not step or not env.get("SLURM_JOB_ID"):
+        return None
+    tasks = parse_count(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1",
+                        MAX_RANKS) or 1
+    task = parse_count(env.get("SLURM_PROCID") or "0", MAX_RANKS) or 0
+    pmi = next((name for name, variables in _PMI_OF_PLUGIN
+                if all(env.get(v) for v in variables)), None)
+    return StepTask(step, min(task, MAX_RANKS), min(tasks, MAX_RANKS), pmi)
+
+
+def allocation_nodes(env: Mapping[str, str]) -> Optional[List[str]]:
+    """The nodes of the allocation this process runs in, or None outside one."""
+    var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    return expand_nodelist(env[var], var) if env.get(var) else None
+
+
+def bootstrap(hosts: List[Host], env: Mapping[str, str]) -> Optional[str]:
+    """How Hydra should reach the hosts: 'slurm' (srun) inside an allocation that holds them
+    all, 'ssh' inside one that does not (srun starts nothing outside its allocation, but Hydra
+    picks its slurm launcher in any allocation), None outside an allocation (Hydra's default)."""
+    nodes = allocation_nodes(env)
+    if nodes is None:
+        return None
+    return "slurm" if {h.name for h in hosts} <= set(nodes) else "ssh"
+
+
+def step_refusal(task: StepTask, needed_pmi: Optional[str], program: str) -> str:
+    """Why dtrainrun will not run as this step task, and what to run instead."""
+    n = task.tasks
+    fix = (f"Run dtrainrun once, in the batch script (sbatch -n {n}) or as salloc's command "
+           f"(salloc -n {n} dtrainrun {program}): it starts the ranks through srun itself")
+    if needed_pmi is not None:
+        fix += (f"; or let srun start the ranks with `srun --mpi={needed_pmi} -n {n} "
+                f"dtrainrun {program}`")
+    if n > 1:
+        given = (f"srun gave the tasks {task.pmi}, which the program's MPI cannot use"
+                 if task.pmi else "srun gave the tasks no MPI process manager interface "
+                 "(no --mpi=pmi2)")
+        return (f"dtrain: dtrainrun was started by srun as task {task.task} of {n} "
+                f"(SLURM_STEP_ID={task.step}): every task would start the whole job, and "
+                f"{given}. {fix}.")
+    return (f"dtrain: dtrainrun was started by srun as the only task of job step {task.step}: "
+            f"a step's variables hold the step's layout, not the allocation's, so dtrainrun "
+            f"cannot tell where the ranks go. {fix}; or give the hosts with -H or --hostfile.")
