@@ -154,18 +154,18 @@ def main():
             env["DTRAIN_OP_TIMEOUT_SECONDS"] = "0" if s == "freeze" else "2"
             env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "10"
             loop_args = [args.program, "loop", str(dead), "5", "stop"]
+            command = [args.mpiexec, "-disable-auto-cleanup", "-n", str(np)] + loop_args
             if s == "stop-timeout-of-rank0":
                 env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "0"  # only the op timeout can end the wait
-                keep_survivors = ([args.mpiexec, "-disable-auto-cleanup", "-n", "1", "-env",
-                                   "DTRAIN_OP_TIMEOUT_SECONDS", "2"] + loop_args +
-                                  [":", "-n", str(np - 1), "-env", "DTRAIN_OP_TIMEOUT_SECONDS",
-                                   "0"] + loop_args)
-                loop_args = []
+                command = ([args.mpiexec, "-disable-auto-cleanup", "-n", "1", "-env",
+                            "DTRAIN_OP_TIMEOUT_SECONDS", "2"] + loop_args +
+                           [":", "-n", str(np - 1), "-env", "DTRAIN_OP_TIMEOUT_SECONDS", "0"] +
+                           loop_args)
             proc_out = []
             # The frozen rank never exits on its own: run in the background and end it once the
             # survivors have reported.
             start = time.monotonic()
-            proc = subprocess.Popen(keep_survivors + loop_args, env=env,
+            proc = subprocess.Popen(command, env=env,
                                     cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, start_new_session=True)
             pid = None
