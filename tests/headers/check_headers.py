@@ -20,6 +20,25 @@ import sys
 import tempfile
 
 
+# The compiler's own search directories: naming them again (as -isystem) reorders them and breaks
+# the C++ library's #include_next of the C headers.
+DEFAULT_DIRS = {"/usr/include", "/usr/local/include"}
+
+
+def without_default_dirs(flags):
+    out, i = [], 0
+    while i < len(flags):
+        if flags[i] in ("-isystem", "-I") and i + 1 < len(flags) and flags[i + 1] in DEFAULT_DIRS:
+            i += 2
+            continue
+        if flags[i].startswith("-I") and flags[i][2:] in DEFAULT_DIRS:
+            i += 1
+            continue
+        out.append(flags[i])
+        i += 1
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--include-dir", required=True)
@@ -32,7 +51,7 @@ def main():
 
     with open(args.flags_file) as f:
         argv = [line.strip() for line in f if line.strip()]
-    compiler, flags = argv[0], argv[1:]
+    compiler, flags = argv[0], without_default_dirs(argv[1:])
     if args.mode == "compiled":
         flags.append("-DDTRAIN_COMPILED_LIB")
     root = os.path.join(args.include_dir, "dtrain")

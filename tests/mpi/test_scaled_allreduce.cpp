@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "dtrain/runtime/fusion_pipeline.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {

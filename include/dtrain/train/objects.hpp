@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "dtrain/runtime/collectives.hpp"
+#include "dtrain/runtime/session.hpp"
 #include "dtrain/core/serialize.hpp"
 
 namespace dtrain {
