@@ -32,8 +32,9 @@
 // step() call that applied the gradients (with backward_passes_per_step = k, every k-th call), so
 // an implicit step holds one iteration of the training loop whatever its shape: zero_grad, data,
 // forward, backward, the gradient exchange, the update, and whatever else runs between two
-// updates (metric averaging, a checkpoint). The training thread is the first thread that
-// completes an update or builds a Profiler; marks and waits of other threads are not charged.
+// updates (metric averaging, a checkpoint). The training thread is the thread that builds a
+// Profiler, or else the first that completes an update; marks and waits of other threads are
+// not charged.
 // The time before the first update ends is no step but initialization: for the report, from the
 // process's start (header process_uptime_ms) to the start of step 0, which is the end of the first
 // update. It so includes the first iteration, where first allocations, negotiations and kernel
