@@ -5,9 +5,9 @@
 //   mpiexec -n 4 ./plain_train --epochs 30
 //   mpiexec -n 4 ./plain_train --epochs 30 --checkpoint-dir ckpt --resume   (restartable)
 //
-// With DTRAIN_PROFILE=<folder> each rank also records where its steps spend their time (the
-// phases marked in the training loop), and `dtrain-report <folder> -o report.html` explains it
-// (docs/profiling.md).
+// With DTRAIN_PROFILE=<folder> each rank also records where its steps spend their time, with no
+// line of profiling code here (docs/profiling.md), and `dtrain-report <folder> -o report.html`
+// explains it.
 //
 // Every rank builds the same dataset and trains on its own shard of each epoch; gradients are
 // averaged across ranks before every step, so the ranks stay identical and N ranks with batch b
@@ -417,7 +417,6 @@ int train(const Options& o) {
                schedule.peak_lr());
   dtrain::MetricAverager metrics;
   dtrain::ThroughputMeter throughput;
-  dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
   Batch batch;
   Activations activations;
   for (std::int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
@@ -427,35 +426,17 @@ int train(const Options& o) {
     const auto batches = static_cast<std::int64_t>(indices.size()) / o.batch_size;
     throughput.start_epoch();
     for (std::int64_t b = 0; b < batches; ++b) {
-      auto profiled_step = profiler.step(o.batch_size);  // dtrain: one step, phase by phase
-      {
-        auto phase = profiler.phase(dtrain::Phase::data);
-        const std::span<const std::int64_t> picked(indices.data() + b * o.batch_size,
-                                                   static_cast<std::size_t>(o.batch_size));
-        noise.clear();
-        for (std::size_t k = 0; o.jitter > 0 && k < picked.size() * kFeatures; ++k)
-          noise.push_back(static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
-        gather_batch(data, picked, noise, batch);
-      }
-      BatchResult r;
-      {
-        auto phase = profiler.phase(dtrain::Phase::forward);
-        r = forward(model, batch, activations);
-      }
-      {
-        auto phase = profiler.phase(dtrain::Phase::backward);
-        backward(model, batch, activations, sgd.gradient_buffers());
-      }
-      {
-        auto phase = profiler.phase(dtrain::Phase::communication_wait);
-        optimizer.synchronize();  // dtrain: average the gradients across ranks
-      }
-      {
-        auto phase = profiler.phase(dtrain::Phase::optimizer);
-        auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
-        sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
-        optimizer.step();
-      }
+      const std::span<const std::int64_t> picked(indices.data() + b * o.batch_size,
+                                                 static_cast<std::size_t>(o.batch_size));
+      noise.clear();
+      for (std::size_t k = 0; o.jitter > 0 && k < picked.size() * kFeatures; ++k)
+        noise.push_back(
+            static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
+      gather_batch(data, picked, noise, batch);
+      const BatchResult r = forward(model, batch, activations);
+      backward(model, batch, activations, sgd.gradient_buffers());
+      sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
+      optimizer.step();  // dtrain: average the gradients across ranks, then update
       metrics.add("loss", r.loss, static_cast<double>(batch.size()));
       metrics.add("accuracy", static_cast<double>(r.correct) / batch.size(),
                   static_cast<double>(batch.size()));

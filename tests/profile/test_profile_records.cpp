@@ -185,6 +185,9 @@ TEST_CASE("the header names the run, the rank, the GPU or why there is none, and
     CHECK(counters->at(n++) == name);
   });
   CHECK(n == counters->size());
+  CHECK(!j.contains("process_uptime_ms"));  // when /proc cannot tell
+  h.process_uptime_ms = 1234.5678;
+  CHECK(parse_line(dtrain::detail::to_json_line(h)).at("process_uptime_ms") == 1235);
 }
 
 TEST_CASE("samples leave out what could not be read") {
@@ -203,6 +206,24 @@ TEST_CASE("samples leave out what could not be read") {
   REQUIRE(g.contains("gpu"));
   CHECK(g.at("gpu").at("utilization_pct") == 87.5);
   CHECK(g.at("gpu").at("memory_total_bytes") == 4000);
+  CHECK(!g.contains("engine"));  // dtrain not running
+  s.engine = dtrain::EngineStats{};
+  s.engine->collectives = 3;
+  s.engine->bytes_reduced = 4096;
+  const json e = parse_line(dtrain::detail::to_json_line(s));
+  CHECK(e.at("engine") == json{{"collectives", 3}, {"bytes_reduced", 4096}});  // moved only
+}
+
+TEST_CASE("a sample's engine activity is the counters' increase over its period") {
+  using dtrain::detail::engine_increase;
+  dtrain::EngineStats before, after;
+  before.collectives = 5;
+  after.collectives = 8;
+  after.bytes_reduced = 100;
+  CHECK(engine_increase(before, after)->collectives == 3);
+  // The engine started during the period: its counters count from zero.
+  CHECK(engine_increase(std::nullopt, after)->collectives == 8);
+  CHECK(!engine_increase(after, std::nullopt));  // stopped: nothing to tell
 }
 
 TEST_CASE("/proc parsers read the fields proc(5) documents") {
@@ -215,7 +236,14 @@ TEST_CASE("/proc parsers read the fields proc(5) documents") {
   CHECK(stat->user_ticks == 1500);
   CHECK(stat->system_ticks == 250);
   CHECK(stat->threads == 7);
+  CHECK(stat->start_ticks == 123456u);
+  const auto short_stat =
+      parse_process_stat("1 (p) R 1 1 1 0 -1 0 0 0 0 0 3 4 0 0 20 0 2");  // no start time
+  REQUIRE(short_stat);
+  CHECK(!short_stat->start_ticks);
   CHECK(!parse_process_stat("garbage"));
+  CHECK(parse_uptime("35791.25 70123.50\n") == 35791.25);
+  CHECK(!parse_uptime("soon"));
 
   const auto cpu = parse_system_stat(
       "cpu  100 10 50 800 20 5 5 10 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nctxt 99\nprocs_running 3\n");
@@ -265,13 +293,18 @@ TEST_CASE("the real /proc of this process reads") {
   CHECK(s.status->rss_bytes > 0);
   REQUIRE(s.system);
   CHECK(s.system->total_ticks > 0);
+  const auto uptime = dtrain::detail::process_uptime_seconds();
+  REQUIRE(uptime);
+  CHECK(*uptime >= 0);
+  CHECK(*uptime < 24 * 3600);  // this test process started recently
 }
 
 TEST_CASE("a sample is the rates between two readings") {
   using namespace dtrain::detail;
   ProcSnapshot a, b;
-  a.process = ProcessStat{100, 50, 4};
-  b.process = ProcessStat{250, 100, 5};  // 200 ticks in 2 s at 100 ticks/s: one core busy
+  // 200 ticks in 2 s at 100 ticks/s: one core busy
+  a.process = ProcessStat{100, 50, 4, std::nullopt};
+  b.process = ProcessStat{250, 100, 5, std::nullopt};
   a.system = SystemCpu{1000, 4000, 1};
   b.system = SystemCpu{1300, 4400, 6};   // 300 of 400 ticks busy
   a.status = ProcessStatus{1 << 20, 0, 10};

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtrain/dtrain.hpp"
+#include "profile/profile_files.hpp"
 #include "support/world.hpp"
 
 namespace {
@@ -22,6 +23,11 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using dtrain_test_support::world_rank;
 using dtrain_test_support::world_size;
+using profile_test::busy_for;
+using profile_test::fresh_dir;
+using profile_test::of_type;
+using profile_test::read_records;
+using profile_test::remove_dir;
 
 class Initialized {
  public:
@@ -30,44 +36,6 @@ class Initialized {
   Initialized(const Initialized&) = delete;
   Initialized& operator=(const Initialized&) = delete;
 };
-
-// A fresh folder every rank agrees on.
-std::filesystem::path fresh_dir(const std::string& tag) {
-  long pid = static_cast<long>(::getpid());
-  MPI_Bcast(&pid, 1, MPI_LONG, 0, MPI_COMM_WORLD);
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("dtrain_profiler_" + tag + "_" + std::to_string(pid));
-  if (world_rank() == 0) std::filesystem::remove_all(dir);
-  MPI_Barrier(MPI_COMM_WORLD);
-  return dir;
-}
-
-void remove_dir(const std::filesystem::path& dir) {
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (world_rank() == 0) std::filesystem::remove_all(dir);
-}
-
-std::vector<json> read_records(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  REQUIRE_MESSAGE(in, "missing " << file);
-  std::vector<json> out;
-  for (std::string line; std::getline(in, line);)
-    if (line.find_first_not_of(' ') != std::string::npos) out.push_back(json::parse(line));
-  return out;
-}
-
-std::vector<const json*> of_type(const std::vector<json>& records, const std::string& type) {
-  std::vector<const json*> out;
-  for (const json& r : records)
-    if (r.at("type") == type) out.push_back(&r);
-  return out;
-}
-
-void busy_for(std::chrono::microseconds d) {
-  const auto end = std::chrono::steady_clock::now() + d;
-  volatile double x = 0;
-  while (std::chrono::steady_clock::now() < end) x = x + 1;
-}
 
 }  // namespace
 

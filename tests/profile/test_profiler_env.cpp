@@ -1,6 +1,6 @@
-// The default Profiler reads DTRAIN_PROFILE and DTRAIN_PROFILE_INTERVAL_MS through dtrain's
-// Config. ctest runs this binary twice: with a valid environment (test case "on") and with an
-// interval out of range (test case "bad_interval").
+// DTRAIN_PROFILE and DTRAIN_PROFILE_INTERVAL_MS, read through dtrain's Config by init() and the
+// default Profiler. ctest runs this binary twice: with a valid environment (test case "on") and
+// with an interval out of range (test case "bad_interval").
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
@@ -14,29 +14,32 @@
 TEST_CASE("on") {
   const char* dir = std::getenv("DTRAIN_PROFILE");
   REQUIRE(dir);
-  dtrain::init();
+  dtrain::init();  // opens the job's profile (Note [Zero-code profiling])
+  const auto file =
+      std::filesystem::path(dir) / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl");
   {
     dtrain::Profiler profiler;
     CHECK(profiler.enabled());
-    CHECK(profiler.path() ==
-          (std::filesystem::path(dir) / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl"))
-              .string());
+    CHECK(profiler.attached());
+    CHECK(profiler.path() == file.string());
     auto step = profiler.step();
   }
-  std::ifstream in((std::filesystem::path(dir) / ("rank-" + std::to_string(dtrain::rank()) +
-                                                  ".jsonl")));
-  std::string first;
+  dtrain::shutdown();
+  std::ifstream in(file);
+  std::string first, line, last;
   std::getline(in, first);
+  while (std::getline(in, line))
+    if (line.find_first_not_of(' ') != std::string::npos) last = line;
   const auto header = nlohmann::json::parse(first);
   CHECK(header.at("sample_interval_ms") == 200);
-  dtrain::shutdown();
+  CHECK(nlohmann::json::parse(last).at("type") == "end");  // closed by shutdown()
 }
 
 TEST_CASE("bad_interval") {
-  dtrain::init();
-  CHECK_THROWS_WITH_AS(dtrain::Profiler{},
+  // Checked at init() even with profiling off, on every rank.
+  CHECK_THROWS_WITH_AS(dtrain::init(),
                        doctest::Contains("dtrain: DTRAIN_PROFILE_INTERVAL_MS (Config::"
                                          "profile_interval_ms) = 20 is out of range"),
                        dtrain::InvalidArgumentError);
-  dtrain::shutdown();
+  CHECK(!dtrain::is_initialized());
 }

@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import synthetic  # noqa: E402
 from dtrain_report import thresholds  # noqa: E402
 from dtrain_report.analysis import analyze, notices  # noqa: E402
+from dtrain_report.charts import comm_compute_steps  # noqa: E402
 from dtrain_report.profile_reader import load_run  # noqa: E402
 from dtrain_report.rules import FIRED, evaluate  # noqa: E402
 
@@ -81,6 +82,13 @@ class Breakdown(AnalysisTest):
         a = self.analyze(ranks=2, phases=lambda r, i: {})
         self.assertTrue(any("mark no phases" in n for n in notices(a)))
         self.assertEqual(notices(self.analyze(ranks=2)), [])  # a fully marked, clean run
+
+    def test_the_chart_over_the_run_shows_own_work_where_no_compute_is_marked(self):
+        chart = comm_compute_steps(
+            self.analyze(ranks=2, phases=lambda r, i: {"communication_wait": 6.0}))
+        self.assertIn("own work (not broken into phases): median 1 ms per step", chart)
+        self.assertNotIn(">compute<", chart)
+        self.assertIn("compute: median 89 ms per step", comm_compute_steps(self.analyze(ranks=2)))
 
 
 def slowed(rank, extra_ms, steps=None):

@@ -337,7 +337,7 @@ class MaxInitializationTime(RuleTest):
         self.assertEqual(f.status, FIRED)
         self.assertEqual(f.ranks, [2])
         self.assertIn("rank 2 (host node0): its first step began 21.0 min after the process "
-                      "started (21.0 min before the Profiler was built, 0.0 s after)",
+                      "started (21.0 min before profiling began, 0.0 s after)",
                       f.evidence[0])
 
     def test_quiet_under_the_threshold(self):

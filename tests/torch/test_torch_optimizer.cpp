@@ -4,11 +4,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <fstream>
 #include <thread>
 #include <string>
 #include <vector>
 
 #include "dtrain/torch.hpp"
+#include "support/temp_dir.hpp"
 #include "train/train_test_util.hpp"
 
 namespace {
@@ -519,4 +521,39 @@ TEST_CASE_FIXTURE(SameStart,
   mse(model, shards.rank_batch(world_rank(), 1)).backward();
   CHECK(second.step());
   CHECK(parameters_identical_on_all_ranks(*model));
+}
+
+TEST_CASE("under DTRAIN_PROFILE each update ends a step whose wait on the hooks' allreduces is its "
+          "communication wait") {
+  dtrain::shutdown();  // started again below with the job profiled (Note [Zero-code profiling])
+  const dtrain::test::TempDir dir;  // one per rank: each writes only its own file
+  dtrain::Config config = dtrain::Config::from_env();
+  config.profile_dir = dir.path().string();
+  dtrain::init(config);
+  {
+    Net model = make_net();
+    dtrain::broadcast_module(*model, 0);
+    torch::optim::SGD opt(model->parameters(), sgd_options());
+    DistributedOptimizer dist(opt, model->named_parameters());
+    const Shards shards;
+    for (int t = 0; t < 4; ++t) {
+      dist.zero_grad();
+      mse(model, shards.rank_batch(world_rank(), t)).backward();
+      CHECK(dist.step());
+    }
+  }
+  dtrain::shutdown();
+  std::ifstream in(dir / fmt::format("rank-{}.jsonl", world_rank()));
+  // Every parameter's gradient, aux's too (zeros: unused), in float32.
+  const std::string gradient_bytes = fmt::format(
+      "\"bytes_reduced\":{},", 4 * ((kIn + 1) * kHidden + 2 * (kHidden + 1) * kOut));
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("\"type\":\"step\"") == std::string::npos) continue;
+    CAPTURE(line);
+    ++steps;
+    CHECK(line.find("\"phases_ms\":{\"communication_wait\":") != std::string::npos);
+    CHECK(line.find(gradient_bytes) != std::string::npos);
+  }
+  CHECK(steps == 3);  // from the end of each update to the end of the next
 }

@@ -1,4 +1,4 @@
-"""dtrain-report: turns the per-rank profiles written by dtrain::Profiler into one HTML report
+"""dtrain-report: turns the per-rank profiles dtrain writes (DTRAIN_PROFILE) into one HTML report
 with charts and rule findings. Python 3 standard library only, so it runs wherever the training
 ran, without a network or packages to install.
 

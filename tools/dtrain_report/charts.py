@@ -202,7 +202,12 @@ def comm_compute(a: Analysis) -> str:
 
 
 def comm_compute_steps(a: Analysis) -> str:
-    label = "Compute and communication wait per step over the run (mean over ranks)"
+    # Without compute phases (a program profiled without marks) the rest of the step is the
+    # rank's own work, not compute: a compute line would lie flat at zero.
+    work_name, work_color = (("compute", COMPUTE_COLOR) if a.compute_marked else
+                             ("own work (not broken into phases)", UNMARKED_COLOR))
+    label = (f"{'Compute' if a.compute_marked else 'Own work'} and communication wait per step "
+             f"over the run (mean over ranks)")
     by_index = {}
     for s in a.ranks.values():
         for st in s.profile.steps:
@@ -213,21 +218,24 @@ def comm_compute_steps(a: Analysis) -> str:
     left, right, top, height = 70, 20, 16, 160
     plot_w = WIDTH - left - right
     svg = Svg(WIDTH, 0, "chart-comm-compute-steps", label)
-    svg.legend(left, top, [("compute", "#4c78a8"), ("communication wait", "#e45756")], plot_w)
+    svg.legend(left, top, [(work_name, work_color), ("communication wait", EXPOSED_COLOR)],
+               plot_w)
     top += 22
     bottom = top + height
     groups = _bins(indices, 300)
-    compute = [mean(sum(st.phase(p) for p in COMPUTE_PHASES) for i in g for st in by_index[i])
-               for g in groups]
+
+    def work(st) -> float:
+        return sum(st.phase(p) for p in COMPUTE_PHASES) if a.compute_marked else st.busy_ms
+    compute = [mean(work(st) for i in g for st in by_index[i]) for g in groups]
     comm = [mean(st.phase("communication_wait") for i in g for st in by_index[i]) for g in groups]
     hi = max(max(compute), max(comm)) or 1.0
     hi = max(hi, nice_ticks(0, hi, 4)[-1])
     axis_y(svg, left, top, bottom, 0, hi, "ms per step", right=left + plot_w)
     lo_i, hi_i = indices[0], indices[-1]
     xs = [left + (mean(g) - lo_i) / max(hi_i - lo_i, 1) * plot_w for g in groups]
-    svg.polyline([(x, bottom - v / hi * height) for x, v in zip(xs, compute)], "#4c78a8",
-                 title=f"compute: median {median(compute):.3g} ms per step")
-    svg.polyline([(x, bottom - v / hi * height) for x, v in zip(xs, comm)], "#e45756",
+    svg.polyline([(x, bottom - v / hi * height) for x, v in zip(xs, compute)], work_color,
+                 title=f"{work_name}: median {median(compute):.3g} ms per step")
+    svg.polyline([(x, bottom - v / hi * height) for x, v in zip(xs, comm)], EXPOSED_COLOR,
                  title=f"communication wait: median {median(comm):.3g} ms per step")
     for v in nice_ticks(lo_i, hi_i, 8):
         x = left + (v - lo_i) / max(hi_i - lo_i, 1) * plot_w

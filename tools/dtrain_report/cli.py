@@ -15,7 +15,7 @@ from .profile_reader import ProfileError, load_run
 from .rules import FIRED, NOT_EVALUATED, QUIET, SUMMARY, evaluate
 
 DESCRIPTION = """\
-Merge the per-rank profiles that dtrain::Profiler wrote (DTRAIN_PROFILE=DIR) into one
+Merge the per-rank profiles that dtrain wrote (DTRAIN_PROFILE=DIR) into one
 self-contained HTML report with charts and rule findings, and print the findings."""
 
 

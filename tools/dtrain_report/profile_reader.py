@@ -303,7 +303,7 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
     if not profile.closed:
         last_step = profile.steps[-1].index if profile.steps else None
         skipped.append(f"{path.name}: rank {profile.rank}'s profile has no end record: the process "
-                       f"stopped without closing its Profiler (crashed or killed?)"
+                       f"stopped without closing its profile (crashed or killed?)"
                        + (f"; its last recorded step is {last_step}" if last_step is not None
                           else "; it recorded no step"))
     return profile

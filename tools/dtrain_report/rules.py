@@ -534,10 +534,10 @@ def max_initialization_time(a: Analysis) -> Finding:
     def when(pair):
         before, after = pair
         if before is None:
-            return (f"{_duration(total(pair))} after its Profiler was built (the process's "
-                    f"start-up before that is not recorded)")
+            return (f"{_duration(total(pair))} after profiling began (the process's start-up "
+                    f"before that is not recorded)")
         return (f"{_duration(total(pair))} after the process started ({_duration(before)} "
-                f"before the Profiler was built, {_duration(after)} after)")
+                f"before profiling began, {_duration(after)} after)")
     slow = {r: p for r, p in measured.items() if total(p) > limit}
     stuck = {r: p for r, p in waited.items() if total(p) > limit}
     if slow or stuck:

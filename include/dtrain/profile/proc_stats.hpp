@@ -5,6 +5,7 @@
 // nothing and the metric is left out of the profile.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -16,11 +17,12 @@
 
 namespace dtrain::detail {
 
-// /proc/self/stat: CPU time in clock ticks, thread count.
+// /proc/self/stat: CPU time in clock ticks, thread count, and when the process started.
 struct ProcessStat {
   std::uint64_t user_ticks = 0;
   std::uint64_t system_ticks = 0;
   std::int64_t threads = 0;
+  std::optional<std::uint64_t> start_ticks;  // since boot
 };
 
 // /proc/stat: the machine's CPU time in ticks, and runnable tasks right now.
@@ -68,6 +70,7 @@ inline std::optional<ProcessStat> parse_process_stat(std::string_view text) {
     s.user_ticks = std::stoull(fields[14 - 3]);
     s.system_ticks = std::stoull(fields[15 - 3]);
     s.threads = std::stoll(fields[20 - 3]);
+    if (fields.size() >= 22 - 2) s.start_ticks = std::stoull(fields[22 - 3]);
     return s;
   } catch (const std::exception&) {
     return std::nullopt;
@@ -216,6 +219,28 @@ inline ProcSnapshot read_proc_snapshot() {
 inline long clock_ticks_per_second() {
   const long t = sysconf(_SC_CLK_TCK);
   return t > 0 ? t : 100;
+}
+
+// /proc/uptime: seconds since boot, its first number.
+inline std::optional<double> parse_uptime(std::string_view text) {
+  std::istringstream in{std::string(text)};
+  double seconds = 0;
+  if (!(in >> seconds) || seconds < 0) return std::nullopt;
+  return seconds;
+}
+
+// How long this process has run, to the clock tick: the time since boot minus the process's
+// start time since boot.
+inline std::optional<double> process_uptime_seconds() {
+  const auto stat = read_small_file("/proc/self/stat");
+  const auto uptime = read_small_file("/proc/uptime");
+  if (!stat || !uptime) return std::nullopt;
+  const auto process = parse_process_stat(*stat);
+  const auto since_boot = parse_uptime(*uptime);
+  if (!process || !process->start_ticks || !since_boot) return std::nullopt;
+  const double started =
+      static_cast<double>(*process->start_ticks) / static_cast<double>(clock_ticks_per_second());
+  return std::max(0.0, *since_boot - started);
 }
 
 }  // namespace dtrain::detail

@@ -3,6 +3,9 @@
 // phases of each step on the training thread; a sampler thread records CPU, memory, network,
 // disk and GPU use; each step also records how much the engine communicated. Every rank writes
 // its own JSON Lines file (Note [Profile schema]); `dtrain-report DIR -o report.html` merges them.
+// With DTRAIN_PROFILE set, a job is profiled without any Profiler (steps from the optimizer's
+// updates, waits on handles as communication wait: Note [Zero-code profiling]); a Profiler then
+// adds its steps and phases to that profile.
 //
 //   dtrain::Profiler profiler;                        // DTRAIN_PROFILE=dir turns it on
 //   for (...) {
@@ -20,10 +23,12 @@
 // happen on the writer thread. benchmarks/profiler_overhead.cpp measures both (docs/profiling.md).
 //
 // Note [Profiler threading]
-// Construction is collective when dtrain is initialized: every rank must build its Profiler, in
-// the same order relative to other profilers, and all must agree on whether profiling is on. The
-// ranks exchange that (one small allgather) and use it to agree on the run's identity and time
-// zero; a rank that is off while others are on, or cannot write its file, makes every rank throw.
+// Construction is collective when dtrain is initialized and the job has no profile of its own
+// (DTRAIN_PROFILE was not set at init): every rank must build its Profiler, in the same order
+// relative to other profilers, and all must agree on whether profiling is on. The ranks exchange
+// that (one small allgather) and use it to agree on the run's identity and time zero; a rank that
+// is off while others are on, or cannot write its file, makes every rank throw. init() agrees the
+// same way on the job's profile; a Profiler built while that is open attaches to it, locally.
 // After that a Profiler is used from one thread, the one that runs the training loop.
 #include <cstddef>
 #include <cstdint>
@@ -55,19 +60,24 @@ class Profiler {
   // init() when dtrain is initialized, otherwise read from the environment.
   DTRAIN_API Profiler();
 
-  // Collective when dtrain is initialized (Note [Profiler threading]). Throws
-  // InvalidArgumentError for an interval outside 100 ms to 60 s or an unwritable folder.
+  // Collective when dtrain is initialized without a job profile (Note [Profiler threading]).
+  // Throws InvalidArgumentError for an interval outside 100 ms to 60 s or an unwritable folder.
+  // While the job is profiled (DTRAIN_PROFILE at init), attaches to that profile instead: its
+  // folder and interval are the job's, and only start_recording = false applies.
   DTRAIN_API explicit Profiler(ProfilerOptions options);
 
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
   DTRAIN_API Profiler(Profiler&& other) noexcept;
   DTRAIN_API Profiler& operator=(Profiler&& other) noexcept;
-  // Stops recording and closes the file (writing what is queued). Never throws.
+  // Stops recording and closes the file (writing what is queued); an attached Profiler leaves
+  // the job's profile to shutdown(). Never throws.
   DTRAIN_API ~Profiler();
 
-  // Whether this profiler writes a profile at all (a folder was given).
+  // Whether this profiler writes a profile at all (a folder was given, or the job is profiled).
   bool enabled() const noexcept { return state_ != nullptr; }
+  // Whether it adds to the job's profile (DTRAIN_PROFILE at init) rather than its own.
+  bool attached() const noexcept { return attached_; }
   // Whether steps and samples are being recorded now.
   DTRAIN_API bool recording() const noexcept;
   // Steps begun so far, recorded or not: the step counter.
@@ -94,10 +104,12 @@ class Profiler {
   struct Checked;
   DTRAIN_API explicit Profiler(Checked checked);
   DTRAIN_API static Checked options_from_config();
+  DTRAIN_API void attach(std::shared_ptr<detail::ProfilerState> job, Checked checked);
   DTRAIN_API void close() noexcept;
   DTRAIN_API std::size_t slot_of(std::string_view name);
 
-  std::unique_ptr<detail::ProfilerState> state_;
+  std::shared_ptr<detail::ProfilerState> state_;
+  bool attached_ = false;
   std::int64_t steps_ = 0;
 };
 

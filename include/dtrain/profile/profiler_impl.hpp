@@ -1,24 +1,27 @@
 #pragma once
 // Definitions of profile/profiler.hpp (Note [Build modes] in core/build_mode.hpp).
-#include <unistd.h>
-
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
-#include "dtrain/core/version.hpp"
-#include "dtrain/runtime/engine_stats.hpp"
+#include "dtrain/profile/active_profile.hpp"
+#include "dtrain/profile/open_recording.hpp"
 #include "dtrain/profile/profiler.hpp"
 #include "dtrain/profile/profiler_state.hpp"
 #include "dtrain/profile/run_agreement.hpp"
+#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/runtime/session.hpp"
 
 namespace dtrain {
@@ -36,12 +39,15 @@ DTRAIN_API Profiler::Profiler(ProfilerOptions options)
     : Profiler(Checked{std::move(options), {}}) {}
 
 DTRAIN_API Profiler::Profiler(Profiler&& other) noexcept
-    : state_(std::move(other.state_)), steps_(other.steps_) {}
+    : state_(std::move(other.state_)),
+      attached_(std::exchange(other.attached_, false)),
+      steps_(other.steps_) {}
 
 DTRAIN_API Profiler& Profiler::operator=(Profiler&& other) noexcept {
   if (this != &other) {
     close();
     state_ = std::move(other.state_);
+    attached_ = std::exchange(other.attached_, false);
     steps_ = other.steps_;
   }
   return *this;
@@ -56,19 +62,15 @@ DTRAIN_API std::string Profiler::path() const {
 }
 
 DTRAIN_API void Profiler::start() {
-  if (!state_ || state_->recording) return;
-  state_->writer->push(detail::MarkRecord{detail::MarkRecord::Kind::start, state_->now_seconds(),
-                                          steps_, 0});
-  state_->sampler->start();
-  state_->recording = true;
+  if (!state_) return;
+  // The index the next recorded step will have (Note [Implicit steps]).
+  const std::int64_t next = state_->explicit_steps ? steps_ + state_->explicit_step_offset
+                                                   : state_->next_implicit_step;
+  detail::start_recording(*state_, next);
 }
 
 DTRAIN_API void Profiler::stop() {
-  if (!state_ || !state_->recording) return;
-  state_->recording = false;
-  state_->sampler->stop();
-  state_->writer->push(detail::MarkRecord{detail::MarkRecord::Kind::stop, state_->now_seconds(),
-                                          state_->recorded_steps, state_->phases_outside_steps});
+  if (state_) detail::stop_recording(*state_);
 }
 
 DTRAIN_API void Profiler::flush() {
@@ -87,94 +89,56 @@ DTRAIN_API Profiler::Checked Profiler::options_from_config() {
 }
 
 DTRAIN_API Profiler::Profiler(Checked checked) {
-  ProfilerOptions options = std::move(checked.options);
-  std::string problem = std::move(checked.problem);
-  const bool distributed = dtrain::is_initialized();
-  const int rank = distributed ? dtrain::rank() : 0;
-  const int size = distributed ? dtrain::size() : 1;
-  if (problem.empty()) {
-    try {
-      options.validate();
-    } catch (const InvalidArgumentError& e) {
-      problem = e.what();
-    }
+  if (auto job = detail::job_profile()) {
+    attach(std::move(job), std::move(checked));
+    return;
   }
-  auto state = std::make_unique<detail::ProfilerState>();
-  const bool on = !options.dir.empty();
-  if (on && problem.empty() && !distributed)
-    if (const int n = detail::launched_world_size(); n > 1)
-      problem = fmt::format(
-          "dtrain: a Profiler was built before dtrain::init() in a job of {} processes: each "
-          "would write the same file. Build it after dtrain::init() (or a dtrain::Session), so "
-          "that every rank writes its own",
-          n);
-  if (on && problem.empty()) problem = detail::prepare_profile_dir(options.dir);
-  if (on && problem.empty()) {
-    try {
-      state->writer = std::make_unique<detail::RecordWriter>(
-          (std::filesystem::path(options.dir) / detail::profile_file_name(rank)).string());
-    } catch (const InvalidArgumentError& e) {
-      problem = e.what();
-    }
+  detail::ProfilePlace place;
+  place.distributed = dtrain::is_initialized();
+  if (place.distributed) {
+    place.rank = dtrain::rank();
+    place.size = dtrain::size();
+    place.local_rank = dtrain::local_rank();
+    place.local_size = dtrain::local_size();
+    place.host_id = dtrain::config().host_id;
+    place.allgather = [](const std::vector<std::int64_t>& mine) {
+      return dtrain::allgather(
+          mine, fmt::format("dtrain.profiler.{}", detail::profiler_agreement_count()));
+    };
   }
-  // Every rank learns every rank's outcome before anyone throws, so no rank waits forever.
-  const detail::RunAgreement agreed =
-      detail::agree_on_run(on, problem.empty(), distributed, rank, size);
-  if (!problem.empty()) throw InvalidArgumentError(problem);
-  agreed.throw_if_inconsistent(options.dir);
-  if (!on) return;
+  state_ = detail::open_recording(std::move(checked.options), std::move(checked.problem), place);
+  if (!state_) return;
+  state_->training_thread = std::this_thread::get_id();
+  detail::activate_own_profile(state_);
+}
 
-  state->options = std::move(options);
-  state->origin = detail::ProfilerState::Clock::now();
-  const int local_rank = distributed ? dtrain::local_rank() : 0;
-  state->nvml = detail::Nvml::open(state->options.nvml_library, state->options.gpu_index,
-                                   local_rank);
-  detail::HeaderRecord h;
-  h.run_id = agreed.run_id;
-  h.rank = rank;
-  h.size = size;
-  h.local_rank = local_rank;
-  h.local_size = distributed ? dtrain::local_size() : 1;
-  h.host = detail::host_label(distributed ? dtrain::config().host_id : std::string());
-  h.pid = static_cast<long>(getpid());
-  h.cpu_count = sysconf(_SC_NPROCESSORS_ONLN);
-  h.affinity_cpus = detail::affinity_cpu_count();
-  h.sample_interval_ms = static_cast<double>(state->options.sample_interval.count());
-  h.start_unix_ms = std::chrono::duration<double, std::milli>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count();
-  h.dtrain_version = dtrain::version();
-  h.gpu_available = state->nvml.available();
-  h.gpu_reason = state->nvml.reason();
-  h.gpu_index = state->nvml.index();
-  h.gpu_name = state->nvml.name();
-  h.gpu_memory_total_bytes = state->nvml.memory_total_bytes();
-  state->writer->push(std::move(h));
-  // On disk before training starts: a job killed at any point leaves a file that says whose it
-  // is, never an empty one.
-  state->writer->flush();
-  state->sampler = std::make_unique<detail::SystemSampler>(*state->writer, state->nvml,
-                                                           state->options.sample_interval,
-                                                           state->origin);
-  if (rank == 0)
-    detail::log(LogLevel::info,
-                "profiling {} rank(s) into {}; report: dtrain-report {} -o report.html", size,
-                state->options.dir, state->options.dir);
-  state_ = std::move(state);
-  if (state_->options.start_recording) start();
+// Note [Zero-code profiling]: local, since every rank has the job's profile.
+DTRAIN_API void Profiler::attach(std::shared_ptr<detail::ProfilerState> job, Checked checked) {
+  if (!checked.problem.empty()) throw InvalidArgumentError(checked.problem);
+  checked.options.validate();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string& dir = checked.options.dir;
+  if (!dir.empty() && dir != job->options.dir && !fs::equivalent(dir, job->options.dir, ec) &&
+      dtrain::is_initialized() && dtrain::rank() == 0)
+    detail::log(LogLevel::warning,
+                "dtrain: this Profiler's folder '{}' is not used: the job is profiled into '{}' "
+                "(DTRAIN_PROFILE), and the Profiler's steps and phases go there",
+                dir, job->options.dir);
+  job->training_thread = std::this_thread::get_id();
+  state_ = std::move(job);
+  attached_ = true;
+  if (!checked.options.start_recording) stop();
 }
 
 DTRAIN_API void Profiler::close() noexcept {
   if (!state_) return;
-  try {
-    stop();
-    state_->writer->push(detail::MarkRecord{detail::MarkRecord::Kind::end, state_->now_seconds(),
-                                            state_->recorded_steps, 0});
-  } catch (...) {  // allocation failure while stopping: the file still ends on whole lines
+  if (!attached_) {
+    detail::deactivate_own_profile(state_.get());
+    detail::close_recording(*state_);
   }
-  state_->sampler.reset();
-  state_->writer->close();
   state_.reset();
+  attached_ = false;
 }
 
 DTRAIN_API std::size_t Profiler::slot_of(std::string_view name) {
@@ -203,9 +167,15 @@ DTRAIN_API void exit_phase(ProfilerState& state) noexcept {
 }
 
 DTRAIN_API bool begin_step(ProfilerState& state) {
+  if (!state.explicit_steps) {
+    // Note [Implicit steps]: from the program's first step on, its steps are the only ones.
+    state.explicit_steps = true;
+    state.explicit_step_offset = state.next_implicit_step;
+    if (state.times.in_step()) (void)state.times.end_step(ProfilerState::Clock::now());
+  }
   if (!state.recording) return false;
   if (state.times.in_step()) return false;  // a step inside a step: the outer one counts
-  state.engine_at_step_start = ProfilerState::engine_snapshot();
+  state.engine_at_step_start = engine_snapshot();
   state.times.begin_step(ProfilerState::Clock::now());
   return true;
 }
@@ -215,18 +185,8 @@ DTRAIN_API void end_step(ProfilerState& s, std::int64_t index, std::int64_t samp
   try {
     PhaseTimes::Step times = s.times.end_step(now);
     if (!s.recording) return;  // stopped during the step
-    StepRecord r;
-    r.step = index;
-    r.t = s.seconds_since_origin(now - times.total);
-    r.duration = times.total;
-    r.other = times.other;
-    r.phases = std::move(times.phases);
-    r.samples = samples;
-    if (s.engine_at_step_start)
-      if (auto e = ProfilerState::engine_snapshot())
-        r.engine = engine_stats_delta(*e, *s.engine_at_step_start);
-    s.writer->push(std::move(r));
-    ++s.recorded_steps;
+    record_step(s, std::move(times), now, index + s.explicit_step_offset, samples,
+                engine_snapshot());
   } catch (...) {  // out of memory: lose this step, never throw from a destructor
   }
 }

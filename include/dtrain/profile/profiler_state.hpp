@@ -1,12 +1,14 @@
 #pragma once
-// What a recording profiler owns, and the helpers that set it up. Internal: the public surface is
-// profile/profiler.hpp; its definitions (profile/profiler_impl.hpp) and the runtime use this.
+// What a recording profile owns, how it starts, stops, closes and records a step, and the helpers
+// that set it up. Internal: the public surface is profile/profiler.hpp; its definitions
+// (profile/profiler_impl.hpp) and the runtime's profile (profile/active_profile.hpp) use this.
 #include <sched.h>
 #include <unistd.h>
 
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -29,8 +32,9 @@
 
 namespace dtrain::detail {
 
-// Everything a recording profiler owns. Scopes point here, so a Profiler can be moved while
-// they are open.
+// Everything a recording profile owns: the runtime's (Note [Zero-code profiling]) or a Profiler's.
+// Scopes point here, so a Profiler can be moved while they are open; the runtime and a Profiler
+// that attaches to its profile share it.
 struct ProfilerState {
   using Clock = std::chrono::steady_clock;
 
@@ -40,26 +44,84 @@ struct ProfilerState {
   std::unique_ptr<SystemSampler> sampler;
   PhaseTimes times;
   Clock::time_point origin;
-  bool recording = false;
+  // Read on every phase; written by start/stop on the training thread and by close, which
+  // shutdown() may call from another thread.
+  std::atomic<bool> recording{false};
+  bool closed = false;
   std::int64_t recorded_steps = 0;
   std::int64_t phases_outside_steps = 0;
   std::optional<EngineStats> engine_at_step_start;
+  // Note [Implicit steps]: the thread whose steps, waits and updates count (unset until one
+  // does), whether a program marked a step itself, and the index of the next implicit step.
+  std::atomic<std::thread::id> training_thread{};
+  bool explicit_steps = false;
+  std::int64_t next_implicit_step = 0;
+  std::int64_t explicit_step_offset = 0;  // implicit steps recorded before the first explicit one
 
   double seconds_since_origin(Clock::time_point t) const {
     return std::chrono::duration<double>(t - origin).count();
   }
   double now_seconds() const { return seconds_since_origin(Clock::now()); }
 
-  // The engine's counters now, or nothing when dtrain is not running.
-  static std::optional<EngineStats> engine_snapshot() {
-    if (!dtrain::is_initialized()) return std::nullopt;
-    try {
-      return dtrain::engine_stats();
-    } catch (const NotInitializedError&) {  // shut down since the check
-      return std::nullopt;
-    }
+  // Whether the calling thread is the training thread; the first thread to ask with `claim`
+  // becomes it.
+  bool on_training_thread(bool claim) noexcept {
+    const std::thread::id me = std::this_thread::get_id();
+    std::thread::id owner = training_thread.load(std::memory_order_relaxed);
+    if (owner == std::thread::id() && claim &&
+        training_thread.compare_exchange_strong(owner, me, std::memory_order_relaxed))
+      return true;
+    return owner == me;
   }
 };
+
+// Begins (or resumes) recording; `next_step` is the index the next step will have.
+inline void start_recording(ProfilerState& s, std::int64_t next_step) {
+  if (s.closed || s.recording) return;
+  s.writer->push(MarkRecord{MarkRecord::Kind::start, s.now_seconds(), next_step, 0});
+  s.sampler->start();
+  s.recording = true;
+}
+
+inline void stop_recording(ProfilerState& s) {
+  if (!s.recording) return;
+  s.recording = false;
+  s.sampler->stop();
+  s.writer->push(MarkRecord{MarkRecord::Kind::stop, s.now_seconds(), s.recorded_steps,
+                            s.phases_outside_steps});
+}
+
+// Stops recording and closes the file, writing what is queued. A step still open is not
+// recorded. Idempotent; never throws.
+inline void close_recording(ProfilerState& s) noexcept {
+  if (s.closed) return;
+  s.closed = true;
+  try {
+    stop_recording(s);
+    s.writer->push(MarkRecord{MarkRecord::Kind::end, s.now_seconds(), s.recorded_steps, 0});
+  } catch (...) {  // allocation failure while stopping: the file still ends on whole lines
+  }
+  s.sampler.reset();
+  s.writer->close();
+}
+
+// Records the step that ended at `end` (`times` accounts for it), with the engine's activity
+// since its start.
+inline void record_step(ProfilerState& s, PhaseTimes::Step&& times,
+                        ProfilerState::Clock::time_point end, std::int64_t index,
+                        std::int64_t samples, const std::optional<EngineStats>& engine_at_end) {
+  StepRecord r;
+  r.step = index;
+  r.t = s.seconds_since_origin(end - times.total);
+  r.duration = times.total;
+  r.other = times.other;
+  r.phases = std::move(times.phases);
+  r.samples = samples;
+  if (s.engine_at_step_start && engine_at_end)
+    r.engine = engine_stats_delta(*engine_at_end, *s.engine_at_step_start);
+  s.writer->push(std::move(r));
+  ++s.recorded_steps;
+}
 
 inline std::string profile_file_name(int rank) { return fmt::format("rank-{}.jsonl", rank); }
 

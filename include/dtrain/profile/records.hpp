@@ -8,7 +8,8 @@
 // milliseconds, sizes bytes, rates per second, CPU percentages count one core as 100.
 //   header  first line: format "dtrain-profile", version, run_id (the same in every rank's
 //           file of one run), rank, size, local_rank, local_size, host, pid, cpu_count,
-//           affinity_cpus, sample_interval_ms, start_unix_ms, dtrain_version, gpu
+//           affinity_cpus, sample_interval_ms, start_unix_ms, process_uptime_ms (how long the
+//           process had run at the run's time zero, when /proc tells), dtrain_version, gpu
 //           ({available, index, name, memory_total_bytes} or {available: false, reason}),
 //           engine_counters (the names recorded in each step's "engine" object)
 //   start   recording (re)started before step `step`
@@ -20,7 +21,9 @@
 //           the whole machine), rss_bytes, threads, procs_running, involuntary_switches_per_s,
 //           net_rx_bytes_per_s, net_tx_bytes_per_s, disk_read_bytes_per_s,
 //           disk_write_bytes_per_s, process_read_bytes_per_s, process_write_bytes_per_s, gpu
-//           ({utilization_pct, memory_utilization_pct, memory_used_bytes, memory_total_bytes})
+//           ({utilization_pct, memory_utilization_pct, memory_used_bytes, memory_total_bytes}),
+//           engine (the counters' increase over the sample's period, as in steps; absent while
+//           dtrain is not running)
 //   stop    recording stopped after `steps` recorded steps; phases_outside_steps counts phase
 //           scopes that ran outside any step and were therefore not charged
 //   end     the profiler closed the file cleanly (a file without it was cut short)
@@ -60,6 +63,7 @@ struct HeaderRecord {
   long affinity_cpus = 0;
   double sample_interval_ms = 0;
   double start_unix_ms = 0;
+  std::optional<double> process_uptime_ms;
   std::string dtrain_version;
   bool gpu_available = false;
   std::string gpu_reason;  // why not, when unavailable
@@ -88,6 +92,7 @@ struct SampleRecord {
   std::optional<double> disk_read_bytes_per_s, disk_write_bytes_per_s;
   std::optional<double> process_read_bytes_per_s, process_write_bytes_per_s;
   std::optional<GpuReading> gpu;
+  std::optional<EngineStats> engine;  // absent while dtrain is not running
 };
 
 struct MarkRecord {
@@ -111,6 +116,15 @@ inline double milliseconds(std::chrono::nanoseconds d) {
 }
 inline double seconds_rounded(double t) { return rounded(t, 1e6); }
 
+// The counters that moved: most of them, in most steps and samples, did not.
+inline JsonObject engine_json(const EngineStats& e) {
+  JsonObject engine;
+  for_each_engine_counter([&](std::string_view name, Counter, auto member) {
+    if (e.*member != 0) engine.field(name, e.*member);
+  });
+  return engine;
+}
+
 inline std::string to_json_line(const HeaderRecord& h) {
   JsonObject gpu;
   gpu.field("available", h.gpu_available);
@@ -131,7 +145,9 @@ inline std::string to_json_line(const HeaderRecord& h) {
   line.field("host", h.host).field("pid", h.pid);
   line.field("cpu_count", h.cpu_count).field("affinity_cpus", h.affinity_cpus);
   line.field("sample_interval_ms", h.sample_interval_ms);
-  line.field("start_unix_ms", h.start_unix_ms).field("dtrain_version", h.dtrain_version);
+  line.field("start_unix_ms", h.start_unix_ms);
+  if (h.process_uptime_ms) line.field("process_uptime_ms", rounded(*h.process_uptime_ms, 1));
+  line.field("dtrain_version", h.dtrain_version);
   line.field("gpu", gpu).string_array("engine_counters", counters);
   return line.closed() + "\n";
 }
@@ -143,14 +159,7 @@ inline std::string to_json_line(const StepRecord& s) {
   line.field("type", "step").field("step", s.step).field("t", seconds_rounded(s.t));
   line.field("duration_ms", milliseconds(s.duration)).field("samples", s.samples);
   line.field("phases_ms", phases).field("other_ms", milliseconds(s.other));
-  if (s.engine) {
-    JsonObject engine;
-    // Counters that did not move are left out: most of them, in most steps.
-    for_each_engine_counter([&](std::string_view name, Counter, auto member) {
-      if ((*s.engine).*member != 0) engine.field(name, (*s.engine).*member);
-    });
-    line.field("engine", engine);
-  }
+  if (s.engine) line.field("engine", engine_json(*s.engine));
   return line.closed() + "\n";
 }
 
@@ -184,6 +193,7 @@ inline std::string to_json_line(const SampleRecord& s) {
     gpu.field("memory_total_bytes", s.gpu->memory_total_bytes);
     line.field("gpu", gpu);
   }
+  if (s.engine) line.field("engine", engine_json(*s.engine));
   return line.closed() + "\n";
 }
 

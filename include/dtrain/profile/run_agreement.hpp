@@ -1,6 +1,7 @@
 #pragma once
-// What the ranks agree on when their Profilers are built (Note [Profiler threading]): whether
-// profiling is on everywhere, whether every rank could open its file, and the run's identity.
+// What the ranks agree on when a profile opens (Note [Profiler threading]): whether profiling is
+// on everywhere, whether every rank could open its file, and the run's identity. The exchange
+// itself is the caller's: an allgather through the engine for a Profiler, MPI during init().
 #include <unistd.h>
 
 #include <chrono>
@@ -11,7 +12,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "dtrain/runtime/collectives.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
@@ -40,22 +40,23 @@ inline std::int64_t profiler_agreement_count() {
   return count++;
 }
 
-// Collective when `distributed`: one allgather of four integers per rank.
-inline RunAgreement agree_on_run(bool on, bool ok, bool distributed, int rank, int size) {
+// What this rank contributes to the agreement: four integers.
+inline std::vector<std::int64_t> run_agreement_contribution(bool on, bool ok) {
   const std::int64_t now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count();
-  std::vector<std::int64_t> mine = {on ? 1 : 0, ok ? 1 : 0, now_ns, static_cast<std::int64_t>(getpid())};
-  std::vector<std::int64_t> all = mine;
-  if (distributed && size > 1)
-    all = dtrain::allgather(mine, fmt::format("dtrain.profiler.{}", profiler_agreement_count()));
+  return {on ? 1 : 0, ok ? 1 : 0, now_ns, static_cast<std::int64_t>(getpid())};
+}
+
+// The agreement from every rank's contribution, in rank order.
+inline RunAgreement run_agreement_from(const std::vector<std::int64_t>& all, int rank) {
   RunAgreement a;
   for (int r = 0; r < static_cast<int>(all.size() / 4); ++r) {
     const std::int64_t* v = &all[static_cast<std::size_t>(r) * 4];
     (v[0] ? a.on_ranks : a.off_ranks).push_back(r);
     if (!v[1] && r != rank) a.failed_ranks.push_back(r);
   }
-  a.run_id = fmt::format("{:x}-{:x}", all[2], all[3]);
+  a.run_id = fmt::format("{:x}-{:x}", all.at(2), all.at(3));
   return a;
 }
 

@@ -1,7 +1,7 @@
 #pragma once
-// The sampler thread: every interval it reads the process and system counters (/proc) and the
-// GPU (NVML), turns the differences since the previous reading into rates, and queues a sample
-// record. It runs only while the profiler records.
+// The sampler thread: every interval it reads the process and system counters (/proc), the GPU
+// (NVML) and the engine's counters, turns the differences since the previous reading into rates
+// and increases, and queues a sample record. It runs only while the profiler records.
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -12,8 +12,28 @@
 #include "dtrain/profile/proc_stats.hpp"
 #include "dtrain/profile/record_writer.hpp"
 #include "dtrain/profile/records.hpp"
+#include "dtrain/runtime/engine_stats.hpp"
+#include "dtrain/runtime/session.hpp"
 
 namespace dtrain::detail {
+
+// The engine's counters now, or nothing when dtrain is not running.
+inline std::optional<EngineStats> engine_snapshot() {
+  if (!dtrain::is_initialized()) return std::nullopt;
+  try {
+    return dtrain::engine_stats();
+  } catch (const NotInitializedError&) {  // shut down since the check
+    return std::nullopt;
+  }
+}
+
+// The engine's activity over a sampling period. Counters start at zero when the engine starts,
+// so a period in which it started counts from zero.
+inline std::optional<EngineStats> engine_increase(const std::optional<EngineStats>& before,
+                                                  const std::optional<EngineStats>& after) {
+  if (!after) return std::nullopt;
+  return engine_stats_delta(*after, before.value_or(EngineStats{}));
+}
 
 // The sample for the period between two readings `seconds` apart. Counters that went backwards
 // (a network interface reset) give no rate rather than a huge one.
@@ -77,7 +97,8 @@ class SystemSampler {
     stopping_ = false;
     // The first reading is taken here, so a sampler stopped any time later has a period to
     // report however late its thread got to run.
-    thread_ = std::thread([this, first = read_proc_snapshot(), at = Clock::now()] { run(first, at); });
+    thread_ = std::thread([this, first = read_proc_snapshot(), engine = engine_snapshot(),
+                           at = Clock::now()] { run(first, engine, at); });
   }
 
   // Ends the thread after one last sample covering the time since the previous one (unless that
@@ -93,21 +114,25 @@ class SystemSampler {
   }
 
  private:
-  void run(ProcSnapshot before, Clock::time_point before_time) {
+  void run(ProcSnapshot before, std::optional<EngineStats> engine_before,
+           Clock::time_point before_time) {
     const long ticks = clock_ticks_per_second();
     std::unique_lock lock(mutex_);
     for (;;) {
       const bool last = cv_.wait_for(lock, interval_, [&] { return stopping_; });
       lock.unlock();
       const ProcSnapshot after = read_proc_snapshot();
+      const std::optional<EngineStats> engine_after = engine_snapshot();
       const Clock::time_point now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - before_time).count();
       if (last && now - before_time < interval_ / 2) return;
       SampleRecord s = make_sample(before, after, seconds, ticks);
       s.t = std::chrono::duration<double>(now - origin_).count();
       s.gpu = nvml_->read();
+      s.engine = engine_increase(engine_before, engine_after);
       writer_->push(std::move(s));
       before = after;
+      engine_before = engine_after;
       before_time = now;
       lock.lock();
       if (last) return;

@@ -9,6 +9,7 @@
 
 #include "dtrain/runtime/handle.hpp"
 #include "dtrain/runtime/op_state.hpp"
+#include "dtrain/runtime/profile_hooks.hpp"
 
 namespace dtrain::detail {
 
@@ -16,9 +17,17 @@ DTRAIN_API std::shared_ptr<OpState> make_op_state() { return std::make_shared<Op
 
 DTRAIN_API bool op_done(const OpState& state) noexcept { return state.done(); }
 
-DTRAIN_API void op_wait(OpState& state) { state.wait(); }
+// A profile charges the time to the step's communication wait (Note [Profile hooks]), even when
+// the op is already done: the step then shows that it waited, for no time.
+DTRAIN_API void op_wait(OpState& state) {
+  if (!waits_observed()) return state.wait();
+  const WaitTimer timer;
+  state.wait();
+}
 
 DTRAIN_API bool op_wait_for(OpState& state, std::chrono::nanoseconds timeout) {
+  if (!waits_observed()) return state.wait_for(timeout);
+  const WaitTimer timer;
   return state.wait_for(timeout);
 }
 

@@ -22,6 +22,7 @@
 #include "dtrain/core/config_knobs.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/launch_check.hpp"
+#include "dtrain/runtime/profile_hooks.hpp"
 #include "dtrain/runtime/runtime_state.hpp"
 #include "dtrain/runtime/session.hpp"
 
@@ -144,8 +145,11 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
   rt->topology = make_topology(rt->world, config.host_id);
   log_rank.store(rt->topology.rank);
   try {
+    // Before the engine: DTRAIN_PROFILE profiles the job from here (Note [Profile hooks]).
+    open_job_profile(config, rt->world, rt->topology);
     rt->engine = std::make_unique<Engine>(config, rt->world, &rt->topology);
   } catch (...) {
+    close_job_profile();
     rt->topology.free_comms();
     MPI_Comm_free(&rt->world);
     half_ops().destroy();
@@ -186,6 +190,9 @@ inline void settle_before_finalize(MPI_Comm world) {
 inline void shutdown_impl(bool inside_mpi_finalize) {
   auto& l = lifecycle();
   std::lock_guard lock(l.init_mutex);
+  if (!running_runtime()) return;
+  // While dtrain still runs: the profile's last sample reads the engine's counters.
+  close_job_profile();
   std::shared_ptr<Runtime> rt;
   {
     std::lock_guard slot(l.slot_mutex);

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/mpi_error.hpp"
 
 namespace dtrain::detail {
