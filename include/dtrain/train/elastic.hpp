@@ -133,6 +133,9 @@ class State {
   // Blocks until this host's last commit is on its disk; throws its error if it failed.
   DTRAIN_API void wait();
 
+  // Whether this host's last commit is still being written (false on ranks that do not write).
+  DTRAIN_API bool writing() const;
+
   const Launch& launch() const noexcept { return launch_; }
   // This world's generation: 0 outside elastic mode.
   std::int64_t generation() const noexcept { return launch_.generation; }

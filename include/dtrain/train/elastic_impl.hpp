@@ -185,6 +185,11 @@ DTRAIN_API void State::wait() {
   }
 }
 
+DTRAIN_API bool State::writing() const {
+  return workings_ && workings_->write.valid() &&
+         workings_->write.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+}
+
 DTRAIN_API std::optional<RestoredCheckpoint> State::restore() {
   namespace d = dtrain::detail;
   std::string problem;
