@@ -9,8 +9,9 @@
 #
 #   benchmarks/compile_time.sh BUILD_DIR [--repeat N] [--full-build]
 #
-# BUILD_DIR must be configured with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON (the script turns it on
-# and reconfigures if needed). Prints a Markdown table for docs/performance.md.
+# The probes (benchmarks/compile_time/) are not part of the normal build; their compile commands
+# come from BUILD_DIR's compile_commands.json (the script turns CMAKE_EXPORT_COMPILE_COMMANDS on
+# and reconfigures when the file is missing). Prints a Markdown table for docs/performance.md.
 set -euo pipefail
 build=${1:?usage: compile_time.sh BUILD_DIR [--repeat N] [--full-build]}
 shift
@@ -27,6 +28,9 @@ build=$(cd "$build" && pwd)
 if [ ! -f "$build/compile_commands.json" ]; then
   cmake -S "$(dirname "$0")/.." -B "$build" -DCMAKE_EXPORT_COMPILE_COMMANDS=ON >/dev/null
 fi
+# The probes' commands need the headers generated for them (precompiled libtorch headers).
+cmake --build "$build" --target compile_time_dtrain_torch compile_time_torch_only \
+  >/dev/null 2>&1 || true
 cmake --build "$build" --target dtrain >/dev/null  # the library the compiled mode links
 
 python3 - "$build" "$repeat" <<'PY'

@@ -47,6 +47,8 @@
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
+#include <dtrain/comm/host_collectives.hpp>
+#include <dtrain/runtime/fusion_pipeline.hpp>
 
 #include "bench_common.hpp"
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include <dtrain/runtime/handle.hpp>
+#include <dtrain/runtime/op_state.hpp>
 
 namespace bench {
 

@@ -18,6 +18,7 @@
 #include <string>
 
 #include <dtrain/dtrain.hpp>
+#include <dtrain/profile/proc_stats.hpp>
 
 #include "bench_common.hpp"
 

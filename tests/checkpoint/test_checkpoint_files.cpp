@@ -14,6 +14,7 @@
 
 #include "checkpoint/checkpoint_test_util.hpp"
 #include "dtrain/dtrain.hpp"
+#include "dtrain/train/checkpoint_format.hpp"
 #include "unit/log_capture.hpp"
 
 namespace user {

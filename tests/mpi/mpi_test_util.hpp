@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/dtrain.hpp"
+#include "dtrain/comm/host_collectives.hpp"
 #include "support/world.hpp"
 
 // Every element type dtrain supports, for TEST_CASE_TEMPLATE.

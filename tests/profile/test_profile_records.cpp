@@ -107,7 +107,7 @@ TEST_CASE("a phase open across the end of a step is split between the steps") {
 }
 
 TEST_CASE("JSON lines escape what JSON requires and write no NaN") {
-  dtrain::detail::JsonLine line;
+  dtrain::detail::JsonObject line;
   line.field("s", std::string_view("quote\" back\\ nl\n tab\t bell\x07 é"));
   line.field("nan", std::nan("")).field("inf", HUGE_VAL).field("n", -3).field("b", true);
   line.field("x", 0.25);

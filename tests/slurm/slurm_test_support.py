@@ -23,7 +23,6 @@ LAUNCHER_PROGRAMS = os.path.join(HERE, "..", "launcher", "programs")
 DTRAINRUN = os.environ.get("DTRAINRUN", os.path.join(HERE, "..", "..", "tools", "dtrainrun"))
 PROBE = os.environ.get("DTRAIN_TEST_PROBE")
 PLAIN_TRAIN = os.environ.get("DTRAIN_TEST_PLAIN_TRAIN")
-WORLD_CHECK = os.environ.get("DTRAIN_TEST_WORLD_CHECK")
 JOB_TIMEOUT_S = 60
 
 cluster: Optional[local_slurm.LocalSlurm] = None
@@ -75,8 +74,8 @@ class SlurmTest(unittest.TestCase):
 
     def need(self, *programs: Optional[str]) -> None:
         if not all(programs):
-            self.skipTest("a test program is not set (DTRAIN_TEST_PROBE, DTRAIN_TEST_PLAIN_TRAIN, "
-                          "DTRAIN_TEST_WORLD_CHECK: ctest sets them)")
+            self.skipTest("a test program is not set (DTRAIN_TEST_PROBE, DTRAIN_TEST_PLAIN_TRAIN: "
+                          "ctest sets them)")
 
     def submit(self, body: str, *sbatch_args: str) -> Tuple[str, str]:
         """Submits `body` as a batch script; returns (job id, name of its output file)."""

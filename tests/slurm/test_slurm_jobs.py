@@ -11,8 +11,8 @@ import sys
 import time
 import uuid
 
-from slurm_test_support import (DTRAINRUN, PROBE, WORLD_CHECK, SlurmTest, main, plain_json,
-                                processes_with, program, rank_json)
+from slurm_test_support import (DTRAINRUN, PROBE, SlurmTest, main, plain_json, processes_with,
+                                program, rank_json)
 import local_slurm
 
 HOST = socket.gethostname()  # the one node is named like this machine
@@ -106,23 +106,21 @@ class SrunStartsTheRanks(SlurmTest):
         done = self.run_client(["srun", "--mpi=list"])
         self.assertIn("pmi2", done.stdout + done.stderr)
 
-    def test_without_pmi_the_check_names_the_fix(self):
+    def test_without_pmi_init_names_the_fix(self):
         # Debian's srun defaults to --mpi=none: MPICH then makes each task a one-rank job, and
-        # the check (world_check.cpp) says so instead of letting both train alone.
-        self.need(WORLD_CHECK)
-        done = self.run_client(["srun", "-n", "2", WORLD_CHECK])
-        self.assertEqual(done.returncode, 3, done.stdout + done.stderr)
-        self.assertEqual(plain_json(done.stdout), [])
+        # dtrain::init() says so instead of letting both train alone (Note [One-rank worlds
+        # under srun] in include/dtrain/runtime/launch_check.hpp).
+        self.need(PROBE)
+        done = self.run_client(["srun", "-n", "2", PROBE, "--elements", "4096"])
+        self.assertNotEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertEqual([r for r in plain_json(done.stdout) if r.get("probe") == "allreduce"],
+                         [])
         self.assertIn("but MPI sees a job of 1 rank: srun gave the tasks no process manager "
                       "interface", done.stderr)
         self.assertIn("`srun --mpi=pmi2 -n 2 ...`", done.stderr)
 
     def test_with_pmi2_mpich_makes_one_job(self):
-        self.need(WORLD_CHECK, PROBE)
-        done = self.run_client(["srun", "--mpi=pmi2", "-n", "2", WORLD_CHECK])
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(sorted((r["rank"], r["size"]) for r in plain_json(done.stdout)),
-                         [(0, 2), (1, 2)])
+        self.need(PROBE)
         done = self.run_client(["srun", "--mpi=pmi2", "-n", "2", PROBE, "--elements", "4096"])
         self.assertEqual(done.returncode, 0, done.stderr)
         records = [r for r in plain_json(done.stdout) if r["probe"] == "allreduce"]

@@ -7,8 +7,11 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/config_knobs.hpp"
 #include "dtrain/core/env.hpp"
 
 namespace dtrain::autotune {
@@ -38,32 +41,62 @@ inline constexpr Knob all_knobs[] = {Knob::fusion_threshold, Knob::cycle_time,
                                      Knob::hierarchical_allreduce, Knob::response_cache,
                                      Knob::fusion_pipeline};
 
-// The name used in the tuning log's columns and the saved result: the Config field it sets.
+// Note [Tunable knobs]
+// Each tunable knob is named once, here: its id, its name in the tuning log's columns and the
+// saved result, the Knobs member that holds its value and the Config setting it changes. The
+// variable that fixes a knob (Note [Knobs the user set]) is that setting's, from the knob table of
+// core/config_knobs.hpp; whether a knob is binary follows from its member's type. The search
+// space (search_space.hpp) adds the ranges of the continuous ones. A new knob is a member of
+// Knobs, an id, and a row here.
+template <class Visitor>
+constexpr void for_each_tunable(Visitor&& visit) {
+  visit(Knob::fusion_threshold, std::string_view("fusion_threshold_bytes"),
+        &Knobs::fusion_threshold_bytes, &Config::fusion_threshold_bytes);
+  visit(Knob::cycle_time, std::string_view("cycle_time_ms"), &Knobs::cycle_time_ms,
+        &Config::cycle_time_ms);
+  visit(Knob::hierarchical_allreduce, std::string_view("hierarchical_allreduce"),
+        &Knobs::hierarchical_allreduce, &Config::hierarchical_allreduce);
+  // On means the configured cache capacity, off a capacity of 0 (apply_knobs).
+  visit(Knob::response_cache, std::string_view("response_cache"), &Knobs::response_cache,
+        &Config::cache_capacity);
+  visit(Knob::fusion_pipeline, std::string_view("fusion_pipeline"), &Knobs::fusion_pipeline,
+        &Config::fusion_pipeline);
+}
+
+// Calls `f(name, knobs_member, config_member)` for the row of `knob`.
+template <class F>
+constexpr void with_tunable(Knob knob, F&& f) {
+  for_each_tunable([&](Knob id, std::string_view name, auto member, auto setting) {
+    if (id == knob) f(name, member, setting);
+  });
+}
+
+// The name used in the tuning log's columns and the saved result.
 constexpr std::string_view to_string(Knob knob) noexcept {
-  switch (knob) {
-    case Knob::fusion_threshold: return "fusion_threshold_bytes";
-    case Knob::cycle_time: return "cycle_time_ms";
-    case Knob::hierarchical_allreduce: return "hierarchical_allreduce";
-    case Knob::response_cache: return "response_cache";
-    case Knob::fusion_pipeline: return "fusion_pipeline";
-  }
-  return "unknown";
+  std::string_view out = "unknown";
+  with_tunable(knob, [&](std::string_view name, auto, auto) { out = name; });
+  return out;
 }
 
 // The variable suffix (after DTRAIN_/HOROVOD_) whose presence fixes the knob.
-constexpr std::string_view env_suffix(Knob knob) noexcept {
-  switch (knob) {
-    case Knob::fusion_threshold: return "FUSION_THRESHOLD";
-    case Knob::cycle_time: return "CYCLE_TIME";
-    case Knob::hierarchical_allreduce: return "HIERARCHICAL_ALLREDUCE";
-    case Knob::response_cache: return "CACHE_CAPACITY";
-    case Knob::fusion_pipeline: return "FUSION_PIPELINE";
-  }
-  return "";
+inline std::string_view env_suffix(Knob knob) noexcept {
+  std::string_view out;
+  with_tunable(knob, [&](std::string_view, auto, auto setting) {
+    using Setting = decltype(setting);  // named here: inside the inner lambda, GCC 12 gets it wrong
+    dtrain::detail::for_each_knob([&](const auto& config_knob) {
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(config_knob.member)>, Setting>)
+        if (config_knob.member == setting) out = config_knob.suffix;
+    });
+  });
+  return out;
 }
 
 constexpr bool is_binary(Knob knob) noexcept {
-  return knob != Knob::fusion_threshold && knob != Knob::cycle_time;
+  bool binary = false;
+  with_tunable(knob, [&](std::string_view, auto member, auto) {
+    binary = std::is_same_v<std::remove_cvref_t<decltype(Knobs{}.*member)>, bool>;
+  });
+  return binary;
 }
 
 class KnobSet {
@@ -85,14 +118,15 @@ class KnobSet {
 // The binary knobs read as 0/1 and the numbers as {fmt}'s shortest round-trip form, so the
 // tuning log and the saved result can be parsed back exactly.
 inline std::string knob_value_text(const Knobs& k, Knob knob) {
-  switch (knob) {
-    case Knob::fusion_threshold: return fmt::format("{}", k.fusion_threshold_bytes);
-    case Knob::cycle_time: return fmt::format("{}", k.cycle_time_ms);
-    case Knob::hierarchical_allreduce: return k.hierarchical_allreduce ? "1" : "0";
-    case Knob::response_cache: return k.response_cache ? "1" : "0";
-    case Knob::fusion_pipeline: return k.fusion_pipeline ? "1" : "0";
-  }
-  return "";
+  std::string out;
+  with_tunable(knob, [&](std::string_view, auto member, auto) {
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(std::declval<const Knobs&>().*member)>,
+                                 bool>)
+      out = k.*member ? "1" : "0";
+    else
+      out = fmt::format("{}", k.*member);
+  });
+  return out;
 }
 
 // For messages: "fusion threshold 64 MiB, cycle time 2.5 ms, hierarchical allreduce off, ...".
@@ -106,22 +140,33 @@ inline std::string describe(const Knobs& k) {
 }
 
 inline Knobs knobs_from_config(const Config& c) {
-  return Knobs{c.fusion_threshold_bytes, c.cycle_time_ms, c.hierarchical_allreduce,
-               c.cache_capacity > 0, c.fusion_pipeline};
+  Knobs k;
+  for_each_tunable([&](Knob, std::string_view, auto member, auto setting) {
+    using Value = std::remove_cvref_t<decltype(std::declval<Knobs&>().*member)>;
+    if constexpr (std::is_same_v<Value, bool> &&
+                  !std::is_same_v<std::remove_cvref_t<decltype(std::declval<const Config&>().*setting)>,
+                                   bool>)
+      k.*member = c.*setting > 0;  // a capacity: on when above 0
+    else
+      k.*member = static_cast<Value>(c.*setting);
+  });
+  return k;
 }
 
 // The configuration to run with these knobs. A response cache switched on keeps the configured
 // capacity, or the default one where the configured capacity was 0.
 inline Config apply_knobs(Config c, const Knobs& k) {
-  c.fusion_threshold_bytes = k.fusion_threshold_bytes;
-  c.cycle_time_ms = k.cycle_time_ms;
-  c.hierarchical_allreduce = k.hierarchical_allreduce;
-  if (!k.response_cache) {
-    c.cache_capacity = 0;
-  } else if (c.cache_capacity == 0) {
-    c.cache_capacity = Config{}.cache_capacity;
-  }
-  c.fusion_pipeline = k.fusion_pipeline;
+  for_each_tunable([&](Knob, std::string_view, auto member, auto setting) {
+    using Setting = std::remove_cvref_t<decltype(std::declval<Config&>().*setting)>;
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(std::declval<const Knobs&>().*member)>,
+                                 bool> &&
+                  !std::is_same_v<Setting, bool>) {
+      if (!(k.*member)) c.*setting = 0;
+      else if (c.*setting == 0) c.*setting = Config{}.*setting;
+    } else {
+      c.*setting = static_cast<Setting>(k.*member);
+    }
+  });
   return c;
 }
 

@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "dtrain/runtime/engine_stats.hpp"
-#include "dtrain/profile/json_line.hpp"
+#include "dtrain/core/json_writer.hpp"
 #include "dtrain/profile/nvml.hpp"
 
 namespace dtrain::detail {
@@ -112,7 +112,7 @@ inline double milliseconds(std::chrono::nanoseconds d) {
 inline double seconds_rounded(double t) { return rounded(t, 1e6); }
 
 inline std::string to_json_line(const HeaderRecord& h) {
-  JsonLine gpu;
+  JsonObject gpu;
   gpu.field("available", h.gpu_available);
   if (h.gpu_available) {
     gpu.field("index", h.gpu_index).field("name", h.gpu_name);
@@ -123,7 +123,7 @@ inline std::string to_json_line(const HeaderRecord& h) {
   std::vector<std::string_view> counters;
   for_each_engine_counter(
       [&](std::string_view name, Counter, auto) { counters.push_back(name); });
-  JsonLine line;
+  JsonObject line;
   line.field("type", "header").field("format", "dtrain-profile");
   line.field("version", profile_format_version).field("run_id", h.run_id);
   line.field("rank", h.rank).field("size", h.size);
@@ -137,14 +137,14 @@ inline std::string to_json_line(const HeaderRecord& h) {
 }
 
 inline std::string to_json_line(const StepRecord& s) {
-  JsonLine phases;
+  JsonObject phases;
   for (const auto& [name, d] : s.phases) phases.field(name, milliseconds(d));
-  JsonLine line;
+  JsonObject line;
   line.field("type", "step").field("step", s.step).field("t", seconds_rounded(s.t));
   line.field("duration_ms", milliseconds(s.duration)).field("samples", s.samples);
   line.field("phases_ms", phases).field("other_ms", milliseconds(s.other));
   if (s.engine) {
-    JsonLine engine;
+    JsonObject engine;
     // Counters that did not move are left out: most of them, in most steps.
     for_each_engine_counter([&](std::string_view name, Counter, auto member) {
       if ((*s.engine).*member != 0) engine.field(name, (*s.engine).*member);
@@ -155,7 +155,7 @@ inline std::string to_json_line(const StepRecord& s) {
 }
 
 inline std::string to_json_line(const SampleRecord& s) {
-  JsonLine line;
+  JsonObject line;
   line.field("type", "sample").field("t", seconds_rounded(s.t));
   auto opt = [&](std::string_view key, const auto& v) {
     if (!v) return;
@@ -177,7 +177,7 @@ inline std::string to_json_line(const SampleRecord& s) {
   opt("process_read_bytes_per_s", s.process_read_bytes_per_s);
   opt("process_write_bytes_per_s", s.process_write_bytes_per_s);
   if (s.gpu) {
-    JsonLine gpu;
+    JsonObject gpu;
     gpu.field("utilization_pct", rounded(s.gpu->utilization_pct, 100));
     gpu.field("memory_utilization_pct", rounded(s.gpu->memory_utilization_pct, 100));
     gpu.field("memory_used_bytes", s.gpu->memory_used_bytes);
@@ -188,7 +188,7 @@ inline std::string to_json_line(const SampleRecord& s) {
 }
 
 inline std::string to_json_line(const MarkRecord& m) {
-  JsonLine line;
+  JsonObject line;
   switch (m.kind) {
     case MarkRecord::Kind::start:
       line.field("type", "start").field("t", seconds_rounded(m.t)).field("step", m.step);

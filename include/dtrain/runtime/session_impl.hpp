@@ -21,6 +21,7 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/config_knobs.hpp"
 #include "dtrain/core/logging.hpp"
+#include "dtrain/runtime/launch_check.hpp"
 #include "dtrain/runtime/runtime_state.hpp"
 #include "dtrain/runtime/session.hpp"
 
@@ -126,6 +127,16 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
                        "MPI_THREAD_MULTIPLE (MPICH and Open MPI provide it)."
                      : "Initialize MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...) or let "
                        "dtrain::init() initialize it."));
+  }
+  int world_size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  if (auto why = srun_without_pmi(world_size, ProcessEnv())) {  // Note [One-rank worlds under srun]
+    if (rt->owns_mpi) {
+      MPI_Finalize();
+      l.mpi_initialized_by_dtrain = false;
+      l.mpi_finalized_by_dtrain = true;
+    }
+    throw InvalidArgumentError(*why);
   }
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &rt->world), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(rt->world, MPI_ERRORS_RETURN);

@@ -23,6 +23,7 @@
 #include <cstring>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/json_writer.hpp"
 #include "dtrain/core/logging.hpp"
 
 namespace dtrain::detail {
@@ -115,19 +116,6 @@ class Timeline {
     cv_.notify_one();
   }
 
-  static std::string escape(const std::string& s) {
-    std::string out;
-    for (char c : s) {
-      if (c == '"' || c == '\\') out += '\\';
-      if (static_cast<unsigned char>(c) < 0x20) {
-        out += fmt::format("\\u{:04x}", static_cast<int>(c));
-        continue;
-      }
-      out += c;
-    }
-    return out;
-  }
-
   double micros(Clock::time_point t) const {
     return std::chrono::duration<double, std::micro>(t - origin_).count();
   }
@@ -148,20 +136,29 @@ class Timeline {
     if (!e.name.empty()) {
       auto [it, inserted] = rows_.try_emplace(e.name, static_cast<int>(rows_.size()) + 1);
       tid = it->second;
-      if (inserted)
-        write_event(fmt::format(R"({{"name":"thread_name","ph":"M","pid":0,"tid":{},"args":{{"name":"{}"}}}})",
-                                tid, escape(e.name)));
+      if (inserted) {
+        JsonObject args;
+        args.field("name", e.name);
+        JsonObject row;
+        row.field("name", "thread_name").field("ph", "M").field("pid", 0).field("tid", tid);
+        write_event(row.field("args", args).closed());
+      }
     }
+    JsonObject event;
+    event.field("name", e.phase);
     if (e.type == 'X') {
-      write_event(fmt::format(R"({{"name":"{}","ph":"X","pid":0,"tid":{},"ts":{:.3f},"dur":{:.3f}}})",
-                              e.phase, tid, micros(e.begin), micros(e.end) - micros(e.begin)));
+      event.field("ph", "X").field("pid", 0).field("tid", tid).fixed("ts", micros(e.begin), 3);
+      event.fixed("dur", micros(e.end) - micros(e.begin), 3);
     } else if (e.type == 'i') {
-      write_event(fmt::format(R"({{"name":"{}","ph":"i","s":"t","pid":0,"tid":{},"ts":{:.3f},"args":{{"rank":{}}}}})",
-                              e.phase, tid, micros(e.begin), e.rank));
+      event.field("ph", "i").field("s", "t").field("pid", 0).field("tid", tid);
+      JsonObject args;
+      args.field("rank", e.rank);
+      event.fixed("ts", micros(e.begin), 3).field("args", args);
     } else {
-      write_event(fmt::format(R"({{"name":"{}","ph":"i","s":"g","pid":0,"tid":0,"ts":{:.3f}}})",
-                              e.phase, micros(e.begin)));
+      event.field("ph", "i").field("s", "g").field("pid", 0).field("tid", 0);
+      event.fixed("ts", micros(e.begin), 3);
     }
+    write_event(event.closed());
   }
 
   void writer_loop() {

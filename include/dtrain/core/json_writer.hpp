@@ -1,6 +1,8 @@
 #pragma once
-// A one-line JSON object builder for profile records: strings escaped per RFC 8259, numbers in
-// their shortest round-trip form, non-finite numbers written as null (JSON has no NaN).
+// The one JSON writer, for profile records and timeline events: a one-line object builder with
+// strings escaped per RFC 8259, numbers in their shortest round-trip form (or with a fixed number
+// of decimals where the size of a long file matters), non-finite numbers written as null (JSON
+// has no NaN).
 #include <cmath>
 #include <cstdint>
 #include <iterator>
@@ -12,27 +14,27 @@
 
 namespace dtrain::detail {
 
-class JsonLine {
+class JsonObject {
  public:
-  JsonLine() { text_ = "{"; }
+  JsonObject() { text_ = "{"; }
 
-  JsonLine& field(std::string_view key, std::string_view value) {
+  JsonObject& field(std::string_view key, std::string_view value) {
     write_key(key);
     write_string(value);
     return *this;
   }
-  JsonLine& field(std::string_view key, const char* value) {
+  JsonObject& field(std::string_view key, const char* value) {
     return field(key, std::string_view(value));
   }
-  JsonLine& field(std::string_view key, const std::string& value) {
+  JsonObject& field(std::string_view key, const std::string& value) {
     return field(key, std::string_view(value));
   }
-  JsonLine& field(std::string_view key, bool value) {
+  JsonObject& field(std::string_view key, bool value) {
     write_key(key);
     text_ += value ? "true" : "false";
     return *this;
   }
-  JsonLine& field(std::string_view key, double value) {
+  JsonObject& field(std::string_view key, double value) {
     write_key(key);
     if (std::isfinite(value)) fmt::format_to(std::back_inserter(text_), "{}", value);
     else text_ += "null";
@@ -40,13 +42,21 @@ class JsonLine {
   }
   template <class Int>
     requires(std::is_integral_v<Int> && !std::is_same_v<Int, bool>)
-  JsonLine& field(std::string_view key, Int value) {
+  JsonObject& field(std::string_view key, Int value) {
     write_key(key);
     fmt::format_to(std::back_inserter(text_), "{}", value);
     return *this;
   }
+  // `value` with `decimals` digits after the point: timeline timestamps, where the shortest
+  // round-trip form of a computed double would often take twice the bytes.
+  JsonObject& fixed(std::string_view key, double value, int decimals) {
+    write_key(key);
+    if (std::isfinite(value)) fmt::format_to(std::back_inserter(text_), "{:.{}f}", value, decimals);
+    else text_ += "null";
+    return *this;
+  }
   // A nested object, e.g. the phases of a step.
-  JsonLine& field(std::string_view key, const JsonLine& object) {
+  JsonObject& field(std::string_view key, const JsonObject& object) {
     write_key(key);
     text_ += object.closed();
     return *this;
@@ -54,7 +64,7 @@ class JsonLine {
 
   // An array of strings, e.g. the names of the engine counters.
   template <class Range>
-  JsonLine& string_array(std::string_view key, const Range& values) {
+  JsonObject& string_array(std::string_view key, const Range& values) {
     write_key(key);
     text_ += '[';
     bool first = true;
