@@ -243,3 +243,23 @@ TEST_CASE("elastic state: a host that cannot write its commit fails the next com
                   error);
   CHECK(on_all_ranks(!error.empty()));
 }
+
+TEST_CASE("elastic state: a first commit below another run's commits, without restore(), fails") {
+  init_as_own_host();
+  SharedTempDir dir;
+  const auto options = dtrain::elastic::Options{.directory = dir / "{host}"};
+  {
+    dtrain::elastic::State earlier(options);
+    commit_step(earlier, 50);
+  }
+  dtrain::elastic::State state(options);
+  CHECK_THROWS_WITH_AS(commit_step(state, 5),
+                       doctest::Contains("holds checkpoint-000000000050.dtrain (step 50), later "
+                                         "than this commit (step 5), and this job did not restore()"),
+                       dtrain::CheckpointError);
+  dtrain::elastic::State resumed(options);
+  CHECK(resumed.restore()->step() == 50);
+  commit_step(resumed, 55);  // after restore(): carries on
+  resumed.wait();
+  CHECK(fs::exists(folder_of(dir, world_rank()) / file_name(55)));
+}

@@ -117,7 +117,8 @@ class State {
 
   // Collective: call it on every rank at the same step, with the same item names. Commits the
   // items to each host's folder and learns whether dtrainrun wants a resize (Note [Resize at a
-  // commit]). Throws CheckpointError on every rank when a host could not write its previous commit.
+  // commit]). Throws CheckpointError on every rank when a host could not write its previous commit,
+  // or, at a first commit without restore(), when a folder holds a later commit than this one.
   DTRAIN_API void commit(const TrainingProgress& progress,
                          std::initializer_list<CheckpointItem> shared);
 
@@ -157,6 +158,7 @@ class State {
   bool resize_requested_ = false;
   std::int64_t next_world_size_ = 0;
   std::optional<std::int64_t> last_commit_;
+  bool checked_folder_ = false;  // restore() ran, or the first commit found nothing newer
   std::unique_ptr<dtrain::detail::ElasticWorkings> workings_;
 };
 

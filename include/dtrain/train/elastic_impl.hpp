@@ -146,7 +146,7 @@ DTRAIN_API State::State(State&& other) noexcept
       directory_(std::move(other.directory_)), rank_(other.rank_), world_(other.world_),
       writer_(other.writer_), resize_requested_(other.resize_requested_),
       next_world_size_(other.next_world_size_), last_commit_(other.last_commit_),
-      workings_(std::move(other.workings_)) {}
+      checked_folder_(other.checked_folder_), workings_(std::move(other.workings_)) {}
 
 DTRAIN_API State& State::operator=(State&& other) noexcept {
   if (this != &other) {
@@ -160,6 +160,7 @@ DTRAIN_API State& State::operator=(State&& other) noexcept {
     resize_requested_ = other.resize_requested_;
     next_world_size_ = other.next_world_size_;
     last_commit_ = other.last_commit_;
+    checked_folder_ = other.checked_folder_;
     workings_ = std::move(other.workings_);
   }
   return *this;
@@ -208,6 +209,7 @@ DTRAIN_API std::optional<RestoredCheckpoint> State::restore() {
 
   const auto steps = allgather(std::vector<std::int64_t>{mine}, "dtrain.elastic.restore.steps");
   const auto newest = std::max_element(steps.begin(), steps.end());  // the first: lowest rank
+  checked_folder_ = true;  // commits continue after the newest one
   if (*newest < 0) {
     if (rank_ == 0)
       d::log(LogLevel::info, "dtrain: elastic: no host holds a commit in {}: starting afresh",
@@ -252,7 +254,20 @@ DTRAIN_API void State::commit(const TrainingProgress& progress,
   namespace d = dtrain::detail;
   d::check_save_arguments("elastic::State::commit", progress, shared, {});
   std::string problem;
-  if (writer_) {
+  if (writer_ && !checked_folder_) {
+    // Pruning keeps the highest steps: a later commit of another run would outlive every commit
+    // of this one, and a restart would resume from it.
+    const auto files = d::list_checkpoint_files(directory_);
+    if (!files.empty() && files.back().step > progress.step)
+      problem = fmt::format(
+          "dtrain: elastic: the commit folder {} holds {} (step {}), later than this commit (step "
+          "{}), and this job did not restore(): call restore() first, as every world should, or "
+          "use an empty folder",
+          directory_.string(), files.back().path.filename().string(), files.back().step,
+          progress.step);
+  }
+  checked_folder_ = true;
+  if (writer_ && problem.empty()) {
     // Nothing may escape before the allreduce below, or the other ranks would wait in it forever.
     ObjectWriter w;
     try {
