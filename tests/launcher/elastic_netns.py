@@ -18,7 +18,7 @@ the next world.
 
 Exit status: 0 passed; 77 skipped where network namespaces are not permitted (not root, no `ip`,
 or the kernel refuses) or no folder can stand for the local disks; anything else failed. Takes
-about 40 s.
+15 to 40 s, most of it the ten seconds dtrainrun gives a failed world to end.
 """
 import collections
 import os
