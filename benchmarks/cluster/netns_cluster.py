@@ -11,6 +11,11 @@ and receives at the set rate, like a NIC on a switch. `netem` is not available o
 this was written for ("Specified qdisc kind is unknown"), so links add no latency: a shaped link
 here has the bandwidth of the link it stands for, not its latency.
 
+A host may also have a local disk (Cluster(local_dir=...)): a folder of the cluster's temporary
+folder that the host sees at `local_dir` and no other host sees there. Unlike /dev/shm, which each
+entry into a host makes afresh, it keeps its files from one entry to the next, as a disk keeps
+them across jobs.
+
 Everything lives inside namespaces named `<prefix><pid>.<start time>-<role>`: deleting them
 removes every veth, the bridge and every qdisc with them. Cluster tears down on normal exit, on an
 exception and on KeyboardInterrupt (install_signal_handlers() turns SIGTERM and SIGHUP into one);
@@ -161,6 +166,7 @@ class Host:
         self.port = f"port{index}"  # its end on the switch
         self.cpus = cpus            # e.g. "0" or "2-3"; None: any
         self.boot_id = None
+        self.local_disk = None      # what it sees at Cluster.local_dir, on this machine
 
 
 def _ns_pids(namespace):
@@ -234,18 +240,24 @@ class Cluster:
 
     cpus: one CPU list per host (taskset syntax, e.g. ["0", "1"]) so that hosts do not share
     cores, or None to let every host use every core.
+    local_dir: an existing folder of this machine (e.g. "/mnt") under which each host sees a
+    local disk of its own (Host.local_disk), or None.
     """
 
-    def __init__(self, hosts=2, prefix="dtrain-cluster-", cpus=None):
+    def __init__(self, hosts=2, prefix="dtrain-cluster-", cpus=None, local_dir=None):
         if not 1 <= hosts <= 26:
             raise ValueError("hosts must be within 1..26 (host names dtrain-host-a to -z)")
         if cpus is not None and len(cpus) != hosts:
             raise ValueError("cpus needs one CPU list per host")
+        if local_dir is not None and not (os.path.isabs(local_dir) and os.path.isdir(local_dir)):
+            raise ValueError(f"local_dir must be an existing folder, given as an absolute path: "
+                             f"{local_dir!r}")
         self.prefix = prefix
         self.tag = owner_tag(prefix)
         self.hosts = [Host(i, f"{self.tag}h{i}", None if cpus is None else cpus[i])
                       for i in range(hosts)]
         self.switch = f"{self.tag}switch"
+        self.local_dir = local_dir
         self.folder = None
         self.rate_bps = None
         self.qdisc = None
@@ -313,6 +325,9 @@ class Cluster:
             h.boot_id = os.path.join(self.folder, f"boot_id.{h.name}")
             with open(h.boot_id, "w") as f:
                 f.write(f"{uuid.uuid4()}\n")
+            if self.local_dir:
+                h.local_disk = os.path.join(self.folder, f"disk.{h.name}")
+                os.mkdir(h.local_disk)
         self._wait_for_carrier()
         self._write_scripts()
 
@@ -341,7 +356,8 @@ class Cluster:
         self.enter = os.path.join(self.folder, "enter.sh")
         cases = "\n".join(
             f"  {h.address}|{h.name}) ns={h.namespace} name={h.name} boot_id={h.boot_id} "
-            f"cpus={h.cpus or ''} ;;" for h in self.hosts)
+            f"cpus={h.cpus or ''} disk={h.local_disk or ''} ;;" for h in self.hosts)
+        disk = f'mount --bind "$3" {self.local_dir} && ' if self.local_dir else ""
         with open(self.enter, "w") as f:
             f.write(f"""#!/bin/sh
 host=$1
@@ -354,7 +370,8 @@ pin=
 [ -n "$cpus" ] && pin="taskset -c $cpus"
 exec ip netns exec "$ns" $pin unshare --uts --ipc --mount sh -c '
   hostname "$1" && mount --bind "$2" /proc/sys/kernel/random/boot_id &&
-  mount -t tmpfs dtrain-shm /dev/shm && shift 2 && exec "$@"' enter.sh "$name" "$boot_id" "$@"
+  mount -t tmpfs dtrain-shm /dev/shm && {disk}shift 3 && exec "$@"' \\
+  enter.sh "$name" "$boot_id" "$disk" "$@"
 """)
         # agent.sh HOST COMMAND...: what Hydra calls instead of ssh. COMMAND is a shell command
         # line, and the environment is as bare as an ssh login's.

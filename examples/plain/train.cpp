@@ -4,6 +4,8 @@
 //
 //   mpiexec -n 4 ./plain_train --epochs 30
 //   mpiexec -n 4 ./plain_train --epochs 30 --checkpoint-dir ckpt --resume   (restartable)
+//   dtrainrun --min-np 2 --max-np 8 --host-discovery-script ./hosts.sh -- ./plain_train
+//       --elastic --checkpoint-dir /dev/shm/plain --checkpoint-every 20   (elastic)
 //
 // With DTRAIN_PROFILE=<folder> each rank also records where its steps spend their time, with no
 // line of profiling code here (docs/profiling.md), and `dtrain-report <folder> -o report.html`
@@ -15,6 +17,7 @@
 // again with --resume ends with exactly the weights of a job that was never interrupted.
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <csignal>
 #include <cmath>
 #include <cstdint>
@@ -27,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -54,6 +58,10 @@ struct Options {
   bool resume = false;
   int crash_rank = -1;               // testing restarts: this rank dies ...
   std::int64_t crash_after_step = -1;  // ... with SIGKILL after this step, unless it resumed
+  bool elastic = false;              // commits on each host, resizes by dtrainrun (train_elastic)
+  std::string record_samples;        // elastic, testing: a folder for each step's sample indices
+  std::int64_t stop_after_step = -1;  // elastic, testing: commit then and exit as for a resize
+  int step_delay_ms = 0;             // elastic, testing: a pause after each step
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -64,10 +72,21 @@ struct Options {
                "                   [--jitter X] [--checkpoint-dir DIR] [--checkpoint-every STEPS]\n"
                "                   [--keep-checkpoints K] [--resume]\n"
                "                   [--crash-rank R --crash-after-step N]\n"
+               "                   [--elastic [--record-samples DIR] [--stop-after-step N]\n"
+               "                              [--step-delay-ms MS]]\n"
                "--resume continues from the newest valid checkpoint in DIR, if there is one.\n"
                "--crash-rank/--crash-after-step (for testing restarts) make rank R kill itself\n"
                "with SIGKILL after step N, once the checkpoints before it are on disk; a run\n"
-               "that resumed from a checkpoint does not crash again.\n");
+               "that resumed from a checkpoint does not crash again.\n"
+               "--elastic trains under dtrainrun's elastic mode (docs/elastic.md): DIR is each\n"
+               "host's own folder ({host} is replaced by the host's name), committed every\n"
+               "--checkpoint-every steps and at each epoch's end; the newest commit any host\n"
+               "holds is resumed from; a resize asked by dtrainrun ends the world with 75.\n"
+               "Every epoch trains on every sample exactly once, whatever the world sizes.\n"
+               "--record-samples DIR (testing) appends each step's sample indices to\n"
+               "DIR/samples.g<generation>.r<rank>; --stop-after-step N (testing) commits after\n"
+               "step N and exits as a resize does; --step-delay-ms MS (testing) pauses after\n"
+               "each step, so that a test can change the hosts while the job trains.\n");
   std::exit(2);
 }
 
@@ -89,6 +108,10 @@ Options parse_options(int argc, char** argv) {
       o.resume = true;
       continue;
     }
+    if (flag == "--elastic") {
+      o.elastic = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(fmt::format("{} needs a value", flag));
     const std::string_view v = argv[++i];
     if (flag == "--epochs") o.epochs = parse<int>(flag, v);
@@ -105,10 +128,17 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--keep-checkpoints") o.keep_checkpoints = parse<int>(flag, v);
     else if (flag == "--crash-rank") o.crash_rank = parse<int>(flag, v);
     else if (flag == "--crash-after-step") o.crash_after_step = parse<std::int64_t>(flag, v);
+    else if (flag == "--record-samples") o.record_samples = std::string(v);
+    else if (flag == "--stop-after-step") o.stop_after_step = parse<std::int64_t>(flag, v);
+    else if (flag == "--step-delay-ms") o.step_delay_ms = parse<int>(flag, v);
     else usage(fmt::format("unknown option {}", flag));
   }
-  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0))
-    usage("--resume and --checkpoint-every need --checkpoint-dir");
+  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0 || o.elastic))
+    usage("--resume, --checkpoint-every and --elastic need --checkpoint-dir");
+  if (!o.elastic && (!o.record_samples.empty() || o.stop_after_step >= 0 || o.step_delay_ms != 0))
+    usage("--record-samples, --stop-after-step and --step-delay-ms go with --elastic");
+  if (o.step_delay_ms < 0) usage("--step-delay-ms must be non-negative");
+  if (o.elastic && o.stop_after_step == 0) usage("--stop-after-step must be at least 1");
   if (o.jitter < 0 || o.checkpoint_every < 0 || o.keep_checkpoints < 0)
     usage("--jitter, --checkpoint-every and --keep-checkpoints must be non-negative");
   if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 1 || o.samples < 1 || !(o.lr > 0) ||
@@ -246,17 +276,17 @@ BatchResult forward(const Mlp& m, const Batch& batch, Activations& a) {
     result.loss += -std::log(std::max(p[y], 1e-12f));
     if (std::max_element(p, p + kClasses) - p == y) ++result.correct;
   }
-  result.loss /= static_cast<double>(n);
+  if (n > 0) result.loss /= static_cast<double>(n);
   return result;
 }
 
-// d(mean loss)/d(weights) into `grads` (w1, b1, w2, b2 order), from forward's activations.
-void backward(const Mlp& m, const Batch& batch, const Activations& a,
+// scale x d(summed loss)/d(weights) into `grads` (w1, b1, w2, b2 order), from forward's
+// activations: scale 1/n gives the gradient of the batch's mean loss.
+void backward(const Mlp& m, const Batch& batch, const Activations& a, float scale,
               std::vector<std::vector<float>>& grads) {
   for (auto& g : grads) std::fill(g.begin(), g.end(), 0.0f);
   auto &gw1 = grads[0], &gb1 = grads[1], &gw2 = grads[2], &gb2 = grads[3];
   const std::size_t n = batch.size();
-  const float scale = 1.0f / static_cast<float>(n);
   std::vector<float> dh(m.hidden);
   for (std::size_t b = 0; b < n; ++b) {
     const float* x = &batch.x[b * kFeatures];
@@ -336,6 +366,179 @@ std::uint64_t fingerprint(const Mlp& m) {
   return h;
 }
 
+// One optimizer step and the buffers every step reuses.
+struct StepRunner {
+  const Options& o;
+  const Dataset& data;
+  Mlp& model;
+  Sgd& sgd;
+  dtrain::DistributedOptimizer<Sgd>& optimizer;
+  std::mt19937_64& jitter_rng;
+  Batch batch;
+  Activations activations;
+  std::vector<float> noise;
+
+  // Trains on `picked` (this rank's samples of the step; none is allowed). `scale` turns the
+  // summed gradient of these samples into this rank's part of the average across ranks.
+  BatchResult run(std::span<const std::int64_t> picked, float scale, double lr) {
+    noise.clear();
+    for (std::size_t k = 0; o.jitter > 0 && k < picked.size() * kFeatures; ++k)
+      noise.push_back(static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
+    gather_batch(data, picked, noise, batch);
+    const BatchResult r = forward(model, batch, activations);
+    backward(model, batch, activations, scale, sgd.gradient_buffers());
+    sgd.lr = static_cast<float>(lr);
+    optimizer.step();  // dtrain: average the gradients across ranks, then update
+    return r;
+  }
+};
+
+// Appends each step's samples to DIR/samples.g<generation>.r<rank>, one line per step,
+// "<step> <epoch> <index>...", so that a test can check which samples every epoch saw.
+class SampleRecord {
+ public:
+  SampleRecord(const std::string& folder, std::int64_t generation, int rank) {
+    if (folder.empty()) return;
+    const std::string path = fmt::format("{}/samples.g{}.r{}", folder, generation, rank);
+    file_ = std::fopen(path.c_str(), "a");
+    if (file_ == nullptr) throw std::runtime_error("plain_train: cannot open " + path);
+  }
+  SampleRecord(const SampleRecord&) = delete;
+  SampleRecord& operator=(const SampleRecord&) = delete;
+  ~SampleRecord() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  void add(std::int64_t step, std::int64_t epoch, std::span<const std::int64_t> picked) {
+    if (file_ == nullptr) return;
+    std::string line = fmt::format("{} {}", step, epoch);
+    for (const auto i : picked) line += fmt::format(" {}", i);
+    line += '\n';
+    std::fputs(line.c_str(), file_);
+    std::fflush(file_);  // whole lines only, even when the process is killed
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// Elastic mode (docs/elastic.md): the job runs as a sequence of worlds that dtrainrun starts and
+// resizes. An epoch is every sample exactly once, whatever worlds it spans: the rest of the
+// epoch's order from the committed position is strided over this world's ranks, each step takes
+// world x batch samples of it and the last step takes what is left, so a rank's share of a step
+// can be smaller than the batch, or empty. Gradients are summed per rank and scaled so that the
+// average across ranks is the mean over the step's samples, as one process would compute it.
+int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
+                  dtrain::DistributedOptimizer<Sgd>& optimizer) {
+  const int rank = dtrain::rank(), world = dtrain::size();
+  const std::int64_t n = data.size();
+  // dtrain: commits to this host's own folder; dtrainrun is asked at each one whether to resize.
+  dtrain::elastic::State elastic({.directory = o.checkpoint_dir,
+                                  .commit_every = o.checkpoint_every,
+                                  .keep_last = o.keep_checkpoints});
+  dtrain::DistributedSampler sampler(n, {.parts = world, .part = rank},
+                                     {.shuffle = true, .seed = o.seed});
+  std::int64_t step = 0;
+  std::int64_t first_epoch = 0;
+  if (auto restored = elastic.restore()) {  // dtrain: the newest commit any host holds
+    restored->load("model", model);
+    restored->load("optimizer", sgd);  // momentum intact across the resize
+    const auto position = restored->get<dtrain::SamplerState>("sampler");
+    sampler.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
+    step = restored->step();
+    first_epoch = position.epoch;
+    if (rank == 0)
+      fmt::print("resumed from the commit of step {}: epoch {}, sample {} of {} in it (committed "
+                 "by {} ranks{})\n",
+                 step, first_epoch + 1, position.position, n, restored->world_size(),
+                 restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
+  }
+  const std::int64_t per_step = static_cast<std::int64_t>(world) * o.batch_size;
+  // dtrain: the schedule of this world's size, read by epochs, which mean the same in every world.
+  dtrain::LrScheduleOptions lr_options;
+  lr_options.base_lr = o.lr;
+  lr_options.world_size = world;
+  lr_options.warmup_epochs = o.warmup_epochs;
+  lr_options.steps_per_epoch = (n + per_step - 1) / per_step;
+  const dtrain::LrSchedule schedule(lr_options);
+  // Augmentation noise per rank, seeded afresh by each world: a commit holds no per-rank state.
+  std::mt19937_64 jitter_rng(o.seed * 7919 + static_cast<std::uint64_t>(rank) +
+                             1000003 * static_cast<std::uint64_t>(step));
+  SampleRecord record(o.record_samples, elastic.generation(), rank);
+  if (rank == 0)
+    fmt::print("generation {} training on {} ranks: {} samples, batch {} per rank ({} global), "
+               "peak lr {}\n",
+               elastic.generation(), world, n, o.batch_size, per_step, schedule.peak_lr());
+
+  const auto commit = [&](std::int64_t epoch, const dtrain::SamplerState& position) {
+    elastic.commit({.step = step, .epoch = epoch},
+                   {{"model", model}, {"optimizer", sgd}, {"sampler", position}});
+    if (elastic.resize_requested() || step == o.stop_after_step) {  // dtrain: the same everywhere
+      if (rank == 0) {
+        fmt::print("generation {}: committed step {}; leaving for the next world\n",
+                   elastic.generation(), step);
+        std::fflush(stdout);
+      }
+      elastic.exit_for_resize();  // dtrain: every rank exits with 75
+    }
+  };
+  dtrain::MetricAverager metrics;
+  dtrain::ThroughputMeter throughput;
+  StepRunner steps{o, data, model, sgd, optimizer, jitter_rng, {}, {}, {}};
+  const std::int64_t first_step = step;
+  for (std::int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
+    sampler.set_epoch(epoch);
+    const auto indices = sampler.indices();  // padded to an equal length: the tail is not used
+    const std::int64_t start = sampler.state(0).position;
+    const std::int64_t left = n - start;  // samples of the epoch not trained yet
+    // This rank takes positions start + rank, start + rank + world, ... below n.
+    const std::int64_t mine = std::max<std::int64_t>(0, (left - rank + world - 1) / world);
+    const std::int64_t epoch_steps = (left + per_step - 1) / per_step;
+    throughput.start_epoch();
+    for (std::int64_t b = 0; b < epoch_steps; ++b) {
+      const std::int64_t from = std::min(b * o.batch_size, mine);
+      const std::int64_t to = std::min((b + 1) * o.batch_size, mine);
+      const std::span<const std::int64_t> picked(indices.data() + from,
+                                                 static_cast<std::size_t>(to - from));
+      const std::int64_t in_step = std::min(per_step, left - b * per_step);
+      const double lr =
+          schedule.lr_at_epoch(epoch + static_cast<double>(start + b * per_step) / n);
+      const BatchResult r =
+          steps.run(picked, static_cast<float>(world) / static_cast<float>(in_step), lr);
+      ++step;
+      record.add(step, epoch, picked);
+      if (o.step_delay_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(o.step_delay_ms));
+      const auto count = static_cast<double>(picked.size());
+      metrics.add("loss", r.loss, count);
+      metrics.add("accuracy", count > 0 ? r.correct / count : 0.0, count);
+      throughput.add_samples(static_cast<std::int64_t>(picked.size()));
+      if (step == first_step + 1 && rank == 0) {
+        fmt::print("generation {}: step {} done on {} ranks\n", elastic.generation(), step, world);
+        std::fflush(stdout);
+      }
+      if (b + 1 < epoch_steps && (elastic.commit_due(step) || step == o.stop_after_step))
+        commit(epoch, sampler.state((b + 1) * o.batch_size));
+    }
+    const auto m = metrics.average();
+    const auto t = throughput.end_epoch();
+    if (rank == 0)
+      fmt::print("epoch {:3d} loss {:.4f} accuracy {:.3f} lr {:.4f} samples/s {:.0f}\n", epoch + 1,
+                 m.at("loss"), m.at("accuracy"), sgd.lr, t.samples_per_second);
+    sampler.set_epoch(epoch + 1);  // committed as the start of the next epoch
+    if (epoch + 1 < o.epochs) commit(epoch + 1, sampler.state(0));
+  }
+  if (first_epoch < o.epochs) {
+    sampler.set_epoch(o.epochs);
+    // The end: a resize asked for at this commit changes nothing.
+    elastic.commit({.step = step, .epoch = o.epochs},
+                   {{"model", model}, {"optimizer", sgd}, {"sampler", sampler.state(0)}});
+  }
+  elastic.wait();
+  if (rank == 0) fmt::print("final: step {} weights {:016x}\n", step, fingerprint(model));
+  return 0;
+}
+
 int train(const Options& o) {
   const int rank = dtrain::rank(), world = dtrain::size();
 
@@ -347,6 +550,7 @@ int train(const Options& o) {
 
   Sgd sgd(model, o.momentum);
   dtrain::DistributedOptimizer<Sgd> optimizer(sgd);  // dtrain: average gradients in step()
+  if (o.elastic) return train_elastic(o, data, model, sgd, optimizer);
 
   // dtrain: each rank sees its own shard; every rank gets the same number of batches.
   dtrain::DistributedSampler sampler(data.size(), {.parts = world, .part = rank},
@@ -368,7 +572,6 @@ int train(const Options& o) {
 
   // Augmentation noise: each rank draws its own, so its generator is per-rank checkpoint state.
   std::mt19937_64 jitter_rng(o.seed * 7919 + static_cast<std::uint64_t>(rank));
-  std::vector<float> noise;
 
   // dtrain: checkpoints, and resuming from the newest valid one.
   std::optional<dtrain::Checkpoint> checkpoint;
@@ -417,8 +620,7 @@ int train(const Options& o) {
                schedule.peak_lr());
   dtrain::MetricAverager metrics;
   dtrain::ThroughputMeter throughput;
-  Batch batch;
-  Activations activations;
+  StepRunner steps{o, data, model, sgd, optimizer, jitter_rng, {}, {}, {}};
   for (std::int64_t epoch = first_epoch; epoch < o.epochs; ++epoch) {
     sampler.set_epoch(epoch);  // dtrain: a new shuffle each epoch, the same on every rank
     const auto indices = sampler.indices();  // after a resume: the rest of the epoch
@@ -428,15 +630,9 @@ int train(const Options& o) {
     for (std::int64_t b = 0; b < batches; ++b) {
       const std::span<const std::int64_t> picked(indices.data() + b * o.batch_size,
                                                  static_cast<std::size_t>(o.batch_size));
-      noise.clear();
-      for (std::size_t k = 0; o.jitter > 0 && k < picked.size() * kFeatures; ++k)
-        noise.push_back(
-            static_cast<float>(o.jitter * (2 * ((jitter_rng() >> 11) * 0x1.0p-53) - 1)));
-      gather_batch(data, picked, noise, batch);
-      const BatchResult r = forward(model, batch, activations);
-      backward(model, batch, activations, sgd.gradient_buffers());
-      sgd.lr = static_cast<float>(schedule.lr_at_step(step++));
-      optimizer.step();  // dtrain: average the gradients across ranks, then update
+      const BatchResult r = steps.run(picked, 1.0f / static_cast<float>(o.batch_size),
+                                      schedule.lr_at_step(step++));
+      const Batch& batch = steps.batch;
       metrics.add("loss", r.loss, static_cast<double>(batch.size()));
       metrics.add("accuracy", static_cast<double>(r.correct) / batch.size(),
                   static_cast<double>(batch.size()));

@@ -52,6 +52,12 @@ epoch and gradients are averaged before each step, so the global batch is N x --
   --keep-checkpoints K      keep the newest K checkpoints (default 3; 0 keeps all)
   --resume                  continue from the newest valid checkpoint in --checkpoint-dir, if
                             there is one; the same command serves the first start and restarts
+  --elastic                 train under dtrainrun's elastic mode (docs/elastic.md):
+                            --checkpoint-dir is each host's own folder ({host} is replaced by
+                            the host's name), committed every --checkpoint-every steps and at
+                            each epoch's end; every world resumes from the newest commit any
+                            host holds, on its own number of ranks, and leaves with status 75
+                            when dtrainrun asks for a resize
   --save-model FILE         write the final model with torch::save (rank 0)
   --crash-rank R            testing restarts: rank R kills itself with SIGKILL after the step
   --crash-after-step N      of --crash-after-step, once the checkpoints before it are on disk;
@@ -106,6 +112,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
   const std::map<std::string, bool*> switches = {{"augment", &o.augment},
                                                  {"scale-lr", &o.scale_lr},
                                                  {"resume", &o.resume},
+                                                 {"elastic", &o.elastic},
                                                  {"quiet", &o.quiet},
                                                  {"help", &o.help}};
 
@@ -113,6 +120,9 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
   if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every > 0)) {
     throw UsageError(std::string(o.resume ? "--resume" : "--checkpoint-every") +
                      " needs --checkpoint-dir: the folder that holds the checkpoints");
+  }
+  if (o.elastic && o.checkpoint_dir.empty()) {
+    throw UsageError("--elastic needs --checkpoint-dir: each host's own folder for the commits");
   }
   if ((o.crash_rank >= 0) != (o.crash_after_step > 0)) {
     throw UsageError("--crash-rank and --crash-after-step go together");

@@ -37,6 +37,7 @@ struct TrainOptions {
   std::int64_t checkpoint_every = 0;    // steps between checkpoints; 0: at each epoch's end only
   std::int64_t keep_checkpoints = 3;    // newest kept; 0: all
   bool resume = false;                  // continue from the newest valid checkpoint, if any
+  bool elastic = false;                 // dtrainrun's elastic mode: commits on each host
   std::string save_model;               // empty: no final model file
   std::int64_t crash_rank = -1;         // testing restarts: this rank dies with SIGKILL ...
   std::int64_t crash_after_step = 0;    // ... after this step, unless the run resumed

@@ -120,13 +120,14 @@ std::int64_t steps_per_epoch(const TrainOptions& options,
   return steps;
 }
 
-// Trains `steps` steps on the front of `shard`, starting at global step `first_step` (which sets
-// the learning rate). `after_step(b)` runs after the step of batch b, inside the step's profile.
+// Trains `steps` steps on the front of `shard`; batch b at the rate `learning_rate(b)`.
+// `after_step(b)` runs after the step of batch b, inside the step's profile.
 template <class Optimizer>
 Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SGD& sgd,
                        const Dataset& train, const std::vector<std::int64_t>& shard,
-                       const TrainOptions& options, const dtrain::LrSchedule& schedule,
-                       std::int64_t first_step, std::int64_t steps, torch::Generator& augment_rng,
+                       const TrainOptions& options,
+                       const std::function<double(std::int64_t)>& learning_rate,
+                       std::int64_t steps, torch::Generator& augment_rng,
                        const torch::Device& device, dtrain::Profiler& profiler,
                        const std::function<void(std::int64_t)>& after_step) {
   model.train();
@@ -166,7 +167,7 @@ Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SG
     {
       auto phase = profiler.phase(dtrain::Phase::optimizer);
       auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
-      dtrain::set_learning_rate(sgd, schedule.lr_at_step(first_step + step));
+      dtrain::set_learning_rate(sgd, learning_rate(step));
       optimizer.step();
       optimizer.zero_grad();
     }
@@ -352,8 +353,11 @@ int run(const TrainOptions& options) {
   lr_options.total_epochs = static_cast<double>(options.epochs);
   const dtrain::LrSchedule schedule(lr_options);
   // Augmentation differs per rank, as it would for different samples in one process.
-  auto augment_rng =
-      at::detail::createCPUGenerator(options.seed + 1 + static_cast<std::uint64_t>(dtrain::rank()));
+  const auto augment_seed = [&](std::int64_t step) {
+    return options.seed + 1 + static_cast<std::uint64_t>(dtrain::rank()) +
+           1000003 * static_cast<std::uint64_t>(step);
+  };
+  auto augment_rng = at::detail::createCPUGenerator(augment_seed(0));
 
   const auto& shape = data.train.images.sizes();
   if (report) {
@@ -376,7 +380,14 @@ int run(const TrainOptions& options) {
   // Another world size is refused: the global batch, the steps per epoch and with them the
   // learning-rate schedule would change under the run.
   std::optional<dtrain::Checkpoint> checkpoint;
-  if (!options.checkpoint_dir.empty())
+  // dtrain: with --elastic, commits to each host's own folder instead, and dtrainrun's resizes.
+  std::optional<dtrain::elastic::State> elastic;
+  if (options.elastic)
+    elastic.emplace(dtrain::elastic::Options{
+        .directory = options.checkpoint_dir,
+        .commit_every = options.checkpoint_every,
+        .keep_last = static_cast<int>(options.keep_checkpoints)});
+  else if (!options.checkpoint_dir.empty())
     checkpoint.emplace(dtrain::CheckpointOptions{
         .directory = options.checkpoint_dir,
         .keep_last = static_cast<int>(options.keep_checkpoints),
@@ -385,7 +396,7 @@ int run(const TrainOptions& options) {
   std::int64_t first_epoch = 1;
   bool resumed = false;
   const bool has_buffers = !model->buffers().empty();
-  if (options.resume) {
+  if (options.resume && checkpoint) {
     if (auto restored = checkpoint->restore()) {  // collective: rank 0 reads, every rank loads
       restored->load("model", *model);            // in place: the optimizer keeps its parameters
       restored->load("optimizer", sgd);
@@ -404,6 +415,25 @@ int run(const TrainOptions& options) {
     } else if (report) {
       fmt::print("no checkpoint in {}: starting afresh\n", options.checkpoint_dir);
     }
+  }
+  if (elastic) {
+    if (auto restored = elastic->restore()) {  // dtrain: the newest commit any host holds
+      restored->load("model", *model);
+      restored->load("optimizer", sgd);  // momentum intact across the resize
+      dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
+      const auto position = restored->get<dtrain::SamplerState>("sampler");
+      sampler.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
+      step = restored->step();
+      first_epoch = position.epoch;
+      resumed = true;
+      if (report)
+        fmt::print("generation {}: resumed from the commit of step {}: epoch {}, sample {} of {} "
+                   "in it, committed by {} ranks, {} now\n",
+                   elastic->generation(), step, first_epoch, position.position,
+                   data.train.size(), restored->world_size(), dtrain::size());
+    }
+    // A commit holds no per-rank state: each world seeds augmentation afresh.
+    augment_rng = at::detail::createCPUGenerator(augment_seed(step));
   }
   // Every rank calls save() at the same step; rank 0 writes in the background. `taken`: the
   // samples this rank has used of the sampler's current order.
@@ -429,6 +459,31 @@ int run(const TrainOptions& options) {
                                   {"torch_rng", torch_rng}});
   };
 
+  // dtrain: each host's writer commits the shared state; batch-norm statistics are made shared
+  // first. At a commit where dtrainrun asks for a resize, every rank leaves with status 75.
+  auto commit = [&](std::int64_t epoch, std::int64_t taken, bool may_leave) {
+    average_buffers(*model);
+    const dtrain::SamplerState position = sampler.state(taken);
+    const auto torch_rng = dtrain::torch_rng_state();
+    elastic->commit({.step = step, .epoch = epoch}, {{"model", *model}, {"optimizer", sgd},
+                                                     {"sampler", position},
+                                                     {"torch_rng", torch_rng}});
+    if (may_leave && elastic->resize_requested()) {
+      if (report) {
+        fmt::print("generation {}: committed step {}; leaving for a world of {} ranks\n",
+                   elastic->generation(), step, elastic->next_world_size());
+        std::fflush(stdout);
+      }
+      elastic->exit_for_resize();
+    }
+  };
+  // --elastic: the rate of this world's schedule at the epoch's fractional progress, which does
+  // not depend on the world size as a step count does.
+  const auto epoch_progress = [&](std::int64_t epoch, std::int64_t position) {
+    return static_cast<double>(epoch - 1) +
+           static_cast<double>(position) / static_cast<double>(data.train.size());
+  };
+
   const auto run_start = Clock::now();
   EpochReport last{};
   double best_accuracy = 0.0;
@@ -439,9 +494,18 @@ int run(const TrainOptions& options) {
   dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
   for (std::int64_t epoch = first_epoch; epoch <= options.epochs; ++epoch) {
     sampler.set_epoch(epoch);  // keeps a resumed position in its own epoch
-    // After a resume: the steps of this epoch that are left, on the rest of its order.
-    const auto done = step - (epoch - 1) * steps;
-    const auto epoch_steps = steps - done;
+    const std::int64_t position = sampler.state(0).position;
+    const std::int64_t per_step = options.batch_size * dtrain::size();
+    // After a resume: the steps of this epoch that are left, on the rest of its order. With
+    // --elastic, counted from the position, as earlier worlds may have had other sizes (and
+    // --max-steps-per-epoch ends the epoch at that many steps' samples of this world).
+    std::int64_t epoch_steps = steps - (step - (epoch - 1) * steps);
+    if (elastic) {
+      epoch_steps = sampler.remaining() / options.batch_size;
+      if (options.max_steps_per_epoch > 0)
+        epoch_steps = std::clamp<std::int64_t>(options.max_steps_per_epoch - position / per_step,
+                                               0, epoch_steps);
+    }
     throughput.start_epoch();
     const auto after_step = [&](std::int64_t b) {
       ++step;
@@ -450,16 +514,26 @@ int run(const TrainOptions& options) {
         auto phase = profiler.phase("checkpoint");
         save(epoch, (b + 1) * options.batch_size);
       }
+      if (elastic && elastic->commit_due(step) && b + 1 < epoch_steps) {
+        auto phase = profiler.phase("checkpoint");
+        commit(epoch, (b + 1) * options.batch_size, true);
+      }
       if (step == options.crash_after_step && !resumed) {
         // The checkpoints so far are on disk before the crash, so the restart's starting point
         // is known: the newest one at or before this step.
         if (checkpoint) checkpoint->wait();
+        if (elastic) elastic->wait();
         dtrain::barrier();
         if (dtrain::rank() == options.crash_rank) std::raise(SIGKILL);
       }
     };
+    const std::int64_t first_step = step;
+    const auto learning_rate = [&](std::int64_t b) {
+      return elastic ? schedule.lr_at_epoch(epoch_progress(epoch, position + b * per_step))
+                     : schedule.lr_at_step(first_step + b);
+    };
     const Totals train = train_one_epoch(*model, optimizer, sgd, data.train, sampler.indices(),
-                                         options, schedule, step, epoch_steps, augment_rng,
+                                         options, learning_rate, epoch_steps, augment_rng,
                                          device, profiler, after_step);
     throughput.add_samples(train.samples);
     ++epochs_run;
@@ -483,8 +557,13 @@ int run(const TrainOptions& options) {
       sampler.set_epoch(epoch + 1);  // saved as the start of the next epoch
       save(epoch + 1, 0);
     }
+    if (elastic) {
+      sampler.set_epoch(epoch + 1);  // committed as the start of the next epoch
+      commit(epoch + 1, 0, epoch < options.epochs);  // after the last one, nothing to resize
+    }
   }
   if (checkpoint) checkpoint->wait();  // the last checkpoint is on disk (errors surface here)
+  if (elastic) elastic->wait();
   if (is_root && !options.save_model.empty()) save_model(options.save_model, model);
   if (is_root) {
     fmt::print(

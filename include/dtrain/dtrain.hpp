@@ -20,6 +20,7 @@
 #include "dtrain/train/broadcast_parameters.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
+#include "dtrain/train/elastic.hpp"
 #include "dtrain/train/gradient_buffer.hpp"
 #include "dtrain/train/lr_schedule.hpp"
 #include "dtrain/train/metrics.hpp"

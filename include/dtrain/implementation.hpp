@@ -17,3 +17,4 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/runtime/session_impl.hpp"
 #include "dtrain/runtime/submission_impl.hpp"
 #include "dtrain/train/checkpoint_impl.hpp"
+#include "dtrain/train/elastic_impl.hpp"

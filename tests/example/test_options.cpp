@@ -112,9 +112,19 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.save_model == "final.pt");
   CHECK(o.crash_rank == 1);
   CHECK(o.crash_after_step == 30);
+  CHECK_FALSE(o.elastic);
   CHECK(o.quiet);
   CHECK_FALSE(o.help);
   CHECK(parse_options(std::vector<std::string>{"--help"}).help);
+}
+
+TEST_CASE("--elastic: commits into each host's --checkpoint-dir") {
+  const TrainOptions o = parse_options(std::vector<std::string>{
+      "--elastic", "--checkpoint-dir", "/dev/shm/{host}", "--checkpoint-every", "20"});
+  CHECK(o.elastic);
+  CHECK(o.checkpoint_dir == "/dev/shm/{host}");
+  CHECK(o.checkpoint_every == 20);
+  CHECK_FALSE(o.resume);  // implied: an elastic world always resumes from the newest commit
 }
 
 TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
@@ -146,6 +156,9 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
   CHECK(usage_error({"--keep-checkpoints", "-1"}) == "--keep-checkpoints must be >= 0, got -1");
   CHECK(usage_error({"--bucket-mb", "-1"}) == "--bucket-mb must be >= 0, got -1");
   CHECK(usage_error({"--crash-rank", "0"}) == "--crash-rank and --crash-after-step go together");
+  CHECK(usage_error({"--elastic"}) ==
+        "--elastic needs --checkpoint-dir: each host's own folder for the commits");
+  CHECK(usage_error({"--elastic=1"}) == "--elastic takes no value");
   CHECK(usage_error({"--epochs", "2", "--warmup-epochs", "3"}) ==
         "--warmup-epochs (3) must not exceed --epochs (2)");
 }
@@ -161,7 +174,7 @@ TEST_CASE("the usage text documents every flag") {
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
         "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
-        "--crash-rank",     "--crash-after-step", "--bucket-mb"}) {
+        "--crash-rank",     "--crash-after-step", "--bucket-mb", "--elastic"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -341,6 +341,9 @@ TEST_CASE("no typo warning for known names, HOROVOD_ names or other dtrain varia
   env.set("HOROVOD_GPU_OPERATIONS", "NCCL");
   env.set("DTRAIN_HOSTS", "a,b");
   env.set("DTRAIN_CURRENT_HOST", "a");
+  env.set("DTRAIN_ELASTIC", "1");  // dtrainrun's elastic mode (docs/elastic.md)
+  env.set("DTRAIN_ELASTIC_NOTIFY", "127.0.0.1:5000");
+  env.set("DTRAIN_ELASTIC_GENERATION", "2");
   env.set("OTHER_DTRAIN_CYCLE_TIME", "5");
   (void)config_from_env(env);
   CHECK(capture.lines().empty());

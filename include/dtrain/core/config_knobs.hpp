@@ -136,9 +136,11 @@ void for_each_knob(Visitor&& visit) {
   visit(StringKnob{"HOST_ID", "host_id", &Config::host_id});
 }
 
-// DTRAIN_ variables read by other parts of dtrain (the launcher's cluster entrypoint mode). They
-// are not Config fields but must not be reported as misspellings.
-inline constexpr std::string_view other_env_suffixes[] = {"HOSTS", "CURRENT_HOST"};
+// DTRAIN_ variables read by other parts of dtrain (the launcher's cluster entrypoint mode, and the
+// ones dtrainrun's elastic mode gives every rank: train/elastic.hpp). They are not Config fields
+// but must not be reported as misspellings.
+inline constexpr std::string_view other_env_suffixes[] = {
+    "HOSTS", "CURRENT_HOST", "ELASTIC", "ELASTIC_NOTIFY", "ELASTIC_GENERATION"};
 
 inline std::vector<std::string> known_env_names() {
   std::vector<std::string> names;

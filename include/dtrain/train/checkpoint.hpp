@@ -60,6 +60,9 @@ namespace dtrain {
 namespace detail {
 struct PendingWrite;  // train/checkpoint_impl.hpp
 }  // namespace detail
+namespace elastic {
+class State;  // train/elastic.hpp: restores its local commits as RestoredCheckpoint too
+}  // namespace elastic
 
 // A checkpoint could not be written, read, or used by this job.
 class CheckpointError : public Error {
@@ -169,6 +172,7 @@ class RestoredCheckpoint {
 
  private:
   friend class Checkpoint;
+  friend class elastic::State;
   RestoredCheckpoint(std::shared_ptr<const std::vector<char>> bytes, detail::CheckpointRecord record,
                      std::filesystem::path file, int rank)
       : bytes_(std::move(bytes)), record_(std::move(record)), file_(std::move(file)), rank_(rank) {}
