@@ -14,7 +14,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/runtime/engine.hpp"
 #include "dtrain/runtime/handle.hpp"
-#include "dtrain/runtime/op_checks.hpp"
+#include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/process_set.hpp"
 #include "dtrain/runtime/runtime_state.hpp"
 
@@ -90,7 +90,9 @@ DTRAIN_API ProcessSet add_process_set(std::vector<int> ranks) {
   q.dtype = DataType::uint8;
   q.shape = {0};
   q.set_ranks.assign(sorted.begin(), sorted.end());
-  auto e = detail::new_entry(std::move(q));
+  auto e = std::make_shared<detail::Entry>();
+  e->request = std::move(q);
+  e->state = detail::make_op_state();
   auto id = std::make_shared<std::optional<std::int32_t>>();
   e->set_created = [id](std::int32_t created) { *id = created; };
   ResultHandle<std::int32_t> h(e->state, id);
