@@ -208,6 +208,23 @@ TEST_CASE("overlapping sets run side by side without deadlock") {
   for (auto& c : checks) c();
 }
 
+TEST_CASE("a set's repeated op travels as a response-cache id, as the world's does") {
+  test::Initialized dt;
+  const int rank = dtrain::rank(), size = dtrain::size();
+  const ProcessSet even = add_process_set(same_parity(0, size));
+  const ProcessSet odd = add_process_set(same_parity(1, size));
+  const ProcessSet& mine = rank % 2 == 0 ? even : odd;
+  std::vector<float> x(8, 1.0f);
+  const auto before = engine_stats();
+  // Both sets use the same name at once; each keeps its own cache entry.
+  for (int step = 0; step < 4; ++step)
+    allreduce(x, {.op = ReduceOp::Sum, .name = "cached", .process_set = mine});
+  const auto after = engine_stats();
+  CHECK(after.cache_ids_sent - before.cache_ids_sent == 3);  // all but the first step
+  const float n = static_cast<float>(mine.size());
+  CHECK(x[0] == n * n * n * n);
+}
+
 TEST_CASE("a mismatch inside a set raises on its members only") {
   test::Initialized dt;
   const int rank = dtrain::rank(), size = dtrain::size();
