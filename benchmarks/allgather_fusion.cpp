@@ -16,6 +16,7 @@
 // bench_common.hpp). A sample is the slowest rank's time for the 100 tensors, from a barrier.
 //
 // Usage: mpiexec -n <ranks> bench_allgather_fusion [--rounds=6] [--samples=20] [--tensors=100]
+//                                                   [--cols=16]
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -27,9 +28,9 @@
 
 namespace {
 
-// Tensor t of rank r: 8 + (r + t) % 5 rows of 16 floats (0.5 to 0.75 KiB).
+// Tensor t of rank r: 8 + (r + t) % 5 rows of kCols floats (16: 0.5 to 0.75 KiB).
 std::int64_t rows_of(int r, int t) { return 8 + (r + t) % 5; }
-constexpr std::int64_t kCols = 16;
+std::int64_t kCols = 16;
 
 struct Tensors {
   std::vector<std::vector<float>> data;
@@ -54,6 +55,7 @@ int main(int argc, char** argv) {
   const int rounds = static_cast<int>(args.get_int("rounds", 6));
   const int samples_per_round = static_cast<int>(args.get_int("samples", 20));
   const int count = static_cast<int>(args.get_int("tensors", 100));
+  kCols = args.get_int("cols", 16);
   const int rank = mpi.rank(), size = mpi.size();
   Tensors tensors = make_tensors(rank, count);
 
