@@ -17,7 +17,7 @@ ranks=${RANKS:-"2 4"}
 rounds=${ROUNDS:-10}
 idle_seconds=${IDLE_SECONDS:-10}
 
-for b in allreduce_bandwidth grad_sync small_op_latency idle_cpu steady_state_alloc; do
+for b in allreduce_bandwidth grad_sync small_op_latency allgather_fusion idle_cpu steady_state_alloc; do
   if [[ ! -x "$bin/bench_$b" ]]; then
     echo "error: $bin/bench_$b is missing; build the dtrain_benchmarks target of $build_dir first" >&2
     exit 1
@@ -40,6 +40,7 @@ for n in $ranks; do
   run "$mpiexec" -n "$n" "$bin/bench_allreduce_bandwidth" --rounds="$rounds"
   run "$mpiexec" -n "$n" "$bin/bench_grad_sync" --rounds="$((rounds > 3 ? rounds - 2 : rounds))"
   run "$mpiexec" -n "$n" "$bin/bench_small_op_latency"
+  run "$mpiexec" -n "$n" "$bin/bench_allgather_fusion"
 done
 run "$mpiexec" -n 2 "$bin/bench_idle_cpu" --seconds="$idle_seconds"
 run "$mpiexec" -n 2 "$bin/bench_steady_state_alloc"

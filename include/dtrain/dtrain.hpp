@@ -5,6 +5,8 @@
 // Opt-in extras: <dtrain/torch.hpp> (libtorch tensors and optimizers), <dtrain/cuda.hpp>
 // (CUDA/NCCL device path; link dtrain::cuda).
 #include "dtrain/runtime/collectives.hpp"
+#include "dtrain/runtime/grouped_collectives.hpp"
+#include "dtrain/runtime/process_set.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"

@@ -14,6 +14,7 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/profile/profiler_impl.hpp"
 #include "dtrain/runtime/handle_impl.hpp"
 #include "dtrain/runtime/op_checks_impl.hpp"
+#include "dtrain/runtime/process_set_impl.hpp"
 #include "dtrain/runtime/session_impl.hpp"
 #include "dtrain/runtime/submission_impl.hpp"
 #include "dtrain/train/checkpoint_impl.hpp"

@@ -163,6 +163,40 @@ TEST_CASE("an op that does not fuse keeps every field in its own response") {
   CHECK(plan[1].error_ranks == std::vector<std::int32_t>{0, 2});
 }
 
+TEST_CASE("allgathers of host memory fuse by dtype; the threshold counts every rank's rows") {
+  // Rows of 3 float32 elements (12 bytes); ranks send 2, 0 and 1 rows: 36 bytes gathered.
+  auto gather = [](std::string name, std::vector<std::int64_t> rows = {2, 0, 1},
+                   DataType dtype = DataType::float32) {
+    ReadyOp op;
+    op.request.name = std::move(name);
+    op.request.kind = OpKind::allgather;
+    op.request.dtype = dtype;
+    op.request.shape = {rows[0], 3};
+    op.rank_rows = std::move(rows);
+    op.contributors = 3;
+    return op;
+  };
+  const std::vector ready = {gather("a"), gather("b", {1, 1, 4}),
+                             gather("i", {2, 0, 1}, DataType::int32), allreduce("r"),
+                             gather("c", {0, 0, 0})};
+  const auto plan = plan_responses(ready, 1 << 20);
+  CHECK(names_of(plan) == Names{{"a", "b", "c"}, {"i"}, {"r"}});
+  // Each tensor's rows per rank, tensor after tensor, and its row size.
+  CHECK(plan[0].rank_rows == std::vector<std::int64_t>{2, 0, 1, 1, 1, 4, 0, 0, 0});
+  CHECK(plan[0].row_numels == std::vector<std::int64_t>{3, 3, 3});
+  CHECK(plan[0].numels.size() == 3);
+  CHECK(ReadyOp(gather("a")).bytes() == 36);
+  CHECK(names_of(plan_responses(std::vector{gather("a"), gather("b", {1, 1, 4})}, 107)) ==
+        Names{{"a"}, {"b"}});
+  CHECK(names_of(plan_responses(std::vector{gather("a"), gather("b", {1, 1, 4})}, 108)) ==
+        Names{{"a", "b"}});
+  CHECK(names_of(plan_responses(std::vector{gather("a"), gather("b")}, 0)) == Names{{"a"}, {"b"}});
+  // Device allgathers go alone.
+  const ReadyOp dev = with(gather("d"), [](ReadyOp& op) { op.request.device = Device::cuda(0); });
+  const ReadyOp dev2 = with(gather("e"), [](ReadyOp& op) { op.request.device = Device::cuda(0); });
+  CHECK(names_of(plan_responses(std::vector{dev, dev2}, 1 << 20)) == Names{{"d"}, {"e"}});
+}
+
 TEST_CASE("the planner keeps no state: the same ready ops give the same plan, every time") {
   std::vector<ReadyOp> ready;
   for (int i = 0; i < 7; ++i) ready.push_back(allreduce("t" + std::to_string(i), 50 * (i + 1)));

@@ -28,6 +28,8 @@ Request full_request() {
   q.shape = {3, 5, 7};
   q.group = "grads";
   q.group_size = 4;
+  q.process_set = 3;
+  q.set_ranks = {0, 2};
   q.rejected = "shape differs";
   return q;
 }
@@ -45,7 +47,10 @@ Response full_response() {
   s.root = 1;
   s.shape = {2, 3};
   s.rank_rows = {2, 0, 4};
+  s.row_numels = {3, 5};
   s.active_ranks = 2;
+  s.process_set = 2;
+  s.set_ranks = {1, 3};
   s.last_joined_rank = 1;
   s.error = ErrorKind::mismatch;
   s.error_message = "dtrain: shapes differ";
@@ -78,7 +83,7 @@ TEST_CASE("every field of a response message survives the wire") {
   ResponseMessage m;
   m.seq = 77;
   m.responses = {full_response(), Response{}};
-  m.cache_inserts = {{.id = 3, .name = "a"}, {.id = 8, .name = "b"}};
+  m.cache_inserts = {{.id = 3, .name = "a"}, {.id = 8, .name = "b", .process_set = 2}};
   m.cache_evictions = {1, 2};
   m.fatal = "dtrain: rank 2 was lost";
   m.shutdown_complete = true;
@@ -103,7 +108,9 @@ TEST_CASE("the response cache compares the metadata, not the name or the refusal
            [](Request& q) { q.root = 0; },
            [](Request& q) { q.shape = {3, 5}; },
            [](Request& q) { q.group = "other"; },
-           [](Request& q) { q.group_size = 2; }}) {
+           [](Request& q) { q.group_size = 2; },
+           [](Request& q) { q.process_set = 1; },
+           [](Request& q) { q.set_ranks = {0, 1}; }}) {
     Request c = a;
     change(c);
     CHECK_FALSE(a.same_metadata(c));

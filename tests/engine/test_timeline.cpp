@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dtrain/runtime/grouped_collectives.hpp"
+#include "dtrain/runtime/process_set.hpp"
 #include "engine_test.hpp"
 
 namespace {
@@ -142,6 +144,49 @@ TEST_CASE("the timeline holds every phase of every tensor and is valid JSON afte
   CHECK(t.phases["tl.bcast"].count("MPI_BCAST") == 1);
   CHECK(t.phases["tl.\"quoted\"\\back\tslash"].count("MPI_ALLREDUCE") == 1);
   CHECK(t.global.count("CYCLE_START") >= 1);  // DTRAIN_TIMELINE_MARK_CYCLES
+}
+
+TEST_CASE("a process set's ops have rows of their own; fused allgathers show their copies") {
+  const auto path = timeline_path("sets");
+  const int size = test::world_size();
+  {
+    Config c = Config::from_env();
+    c.timeline_path = path.string();
+    test::Initialized dt(c);
+    std::vector<int> ends_ranks = {0};  // rank 0 writes the timeline; rank 1 stays out
+    if (size > 2) ends_ranks.push_back(size - 1);
+    const ProcessSet ends = add_process_set(ends_ranks);
+    std::vector<float> x(4, 1.0f);
+    allreduce(x, {.name = "ps.x"});
+    if (ends.included()) {
+      allreduce(x, {.name = "ps.x", .process_set = ends});  // the same name on the set
+      std::vector<std::vector<std::int32_t>> g(2, std::vector<std::int32_t>(3, 1));
+      (void)grouped_allgather(g, {.name = "ps.g", .process_set = ends});  // one fused collective
+    }
+  }
+  if (test::world_rank() != 0) return;
+  REQUIRE(std::filesystem::exists(path));
+  Trace t = load(path);
+  std::filesystem::remove(path);
+  CHECK(t.bad_events == 0);
+  const std::string on_set = " (process set 1)";
+  REQUIRE(t.phases.count("ps.x") == 1);
+  CHECK(t.phases["ps.x"].count("MPI_ALLREDUCE") == 1);
+  for (int r = 0; r < size; ++r) CHECK(t.phases["ps.x"].count("READY_RANK_" + std::to_string(r)) == 1);
+  REQUIRE(t.phases.count("ps.x" + on_set) == 1);
+  const auto& mine = t.phases["ps.x" + on_set];
+  CHECK(mine.count("NEGOTIATE_ALLREDUCE") == 1);
+  CHECK(mine.count("MPI_ALLREDUCE") == 1);
+  for (int r = 0; r < size; ++r)  // only the members were waited for
+    CHECK(mine.count("READY_RANK_" + std::to_string(r)) == (r == 0 || (r == size - 1 && size > 2)));
+  for (int k = 0; k < 2; ++k) {
+    const std::string row = "ps.g." + std::to_string(k) + on_set;
+    CAPTURE(row);
+    REQUIRE(t.phases.count(row) == 1);
+    for (const char* phase : {"NEGOTIATE_ALLGATHER", "MEMCPY_IN_FUSION_BUFFER", "MPI_ALLGATHER",
+                              "MEMCPY_OUT_FUSION_BUFFER"})
+      CHECK_MESSAGE(t.phases[row].count(phase) == 1, phase);
+  }
 }
 
 TEST_CASE("the size cap truncates the timeline with a marker and keeps it valid JSON") {

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/host_collectives.hpp"  // mpi_count_limit(), which CountLimit lowers
 #include "dtrain/dtrain.hpp"
 #include "dtrain/comm/host_collectives.hpp"
 #include "support/world.hpp"

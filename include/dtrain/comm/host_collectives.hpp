@@ -82,6 +82,23 @@ inline std::vector<std::int64_t> exclusive_prefix(const std::vector<std::int64_t
   return out;
 }
 
+// Gathers in place: rank r's `counts[r]` elements already lie at their offset in `recv` (the sum
+// of the counts before r); every rank receives every other rank's.
+inline void host_allgatherv_in_place(void* recv, const std::vector<std::int64_t>& counts,
+                                     DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
+  const auto displs = exclusive_prefix(counts);
+  if (fits_in_count(counts)) {
+    auto c = to_int(counts), d = to_int(displs);
+    mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, c.data(), d.data(),
+                             mpi_datatype(dtype), comm),
+              "MPI_Allgatherv");
+    return;
+  }
+  for (std::size_t r = 0; r < counts.size(); ++r)
+    host_broadcast(byte_ptr(recv, displs[r], dtype), counts[r], dtype, static_cast<int>(r), comm,
+                   chunk_elems);
+}
+
 // Gathers `counts[r]` elements from every rank r into `recv`, in rank order.
 inline void host_allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& counts,
                             DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
@@ -98,9 +115,7 @@ inline void host_allgatherv(const void* send, void* recv, const std::vector<std:
   }
   std::copy_n(static_cast<const char*>(send), counts[rank] * element_size(dtype),
               byte_ptr(recv, displs[rank], dtype));
-  for (std::size_t r = 0; r < counts.size(); ++r)
-    host_broadcast(byte_ptr(recv, displs[r], dtype), counts[r], dtype, static_cast<int>(r), comm,
-                   chunk_elems);
+  host_allgatherv_in_place(recv, counts, dtype, comm, chunk_elems);
 }
 
 // Sends send_counts[r] elements to rank r; receives recv_counts[r] elements from rank r.

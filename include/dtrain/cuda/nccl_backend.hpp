@@ -62,7 +62,8 @@ class NcclBackend final : public DeviceTransport {
       case OpKind::alltoall: alltoall(lane, r, entries[0], deadline); break;
       case OpKind::reducescatter: reducescatter(lane, r, entries[0], deadline); break;
       case OpKind::barrier:
-      case OpKind::join: break;
+      case OpKind::join:
+      case OpKind::process_set: break;
     }
     cuda_check(cudaEventRecord(lane.done, lane.stream), "cudaEventRecord (op completion)");
     wait_for_device(lane.done, used,

@@ -1,9 +1,10 @@
 #pragma once
-// The public collectives. Every op is collective over the world and matched across ranks by name
-// (given, or generated from the op kind and a per-kind call count), so ranks may submit in
-// different orders. `_async` forms return a handle; sync forms wait on it. In-place ops
-// (allreduce, broadcast) write into the caller's tensor, which must stay alive and untouched until
-// the op completes.
+// The public collectives. Every op is collective over its process set (the world unless its
+// options name one: runtime/process_set.hpp) and matched across the set's ranks by name (given,
+// or generated from the op kind and a per-kind call count), so ranks may submit in different
+// orders. `_async` forms return a handle; sync forms wait on it. In-place ops (allreduce,
+// broadcast) write into the caller's tensor, which must stay alive and untouched until the op
+// completes. The grouped forms are in runtime/grouped_collectives.hpp.
 #include <cmath>
 #include <concepts>
 #include <cstdint>
@@ -20,21 +21,16 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/range.hpp"
+#include "dtrain/runtime/collective_options.hpp"
 #include "dtrain/runtime/device_registry.hpp"
 #include "dtrain/runtime/handle.hpp"
 #include "dtrain/runtime/op_checks.hpp"
+#include "dtrain/runtime/process_set.hpp"
 #include "dtrain/runtime/submission.hpp"
 #include "dtrain/tensor/traits.hpp"
 #include "dtrain/tensor/view.hpp"
 
 namespace dtrain {
-
-struct AllreduceOptions {
-  ReduceOp op = ReduceOp::Average;
-  double prescale = 1.0;   // multiplies the input before the reduction
-  double postscale = 1.0;  // multiplies the result
-  std::string name = {};   // empty: generated
-};
 
 template <class T>
 using output_t = typename traits_of<T>::output_type;
@@ -47,32 +43,38 @@ struct AlltoallResult {
 
 namespace detail {
 
-template <class T>
-Request describe(const T& t, OpKind kind, std::string name) {
-  Request q;
-  q.name = std::move(name);
-  q.kind = kind;
-  q.dtype = traits_of<T>::dtype(t);
-  q.device = traits_of<T>::device(t);
-  q.shape = shape_of(t);
-  check_tensor(q, traits_of<T>::numel(t), traits_of<T>::data(t) != nullptr);
-  return q;
-}
-
-// An op about to be submitted: the engine it goes to and its name (given or generated).
+// An op about to be submitted: the engine it goes to, its name (given or generated) and its set.
 struct NamedOp {
   std::shared_ptr<Engine> engine;
   std::string name;
   OpKind kind;
   bool generated;
-  std::string group = {};  // grouped_allreduce: a rejection fails the whole group
+  std::string group = {};  // grouped ops: a rejection fails the whole group
+  SetOfOp set = {};
 };
 
-inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view caller) {
+// Refuses a set this rank may not use before a name is drawn or anything is submitted.
+inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view caller,
+                       const ProcessSet& process_set = {}) {
   auto eng = engine(caller);
+  SetOfOp set = enter_process_set(*eng, process_set, kind, given);
   const bool generated = given.empty();
-  std::string name = generated ? generate_name(*eng, kind) : std::string(given);
-  return NamedOp{std::move(eng), std::move(name), kind, generated};
+  std::string name = generated ? generate_name(*eng, kind, set.id) : std::string(given);
+  return NamedOp{std::move(eng), std::move(name), kind, generated, {}, std::move(set)};
+}
+
+// The request of `op` for tensor `t`, named `name` (a group member's) or the op's own.
+template <class T>
+Request describe(const T& t, const NamedOp& op, std::string name = {}) {
+  Request q;
+  q.name = name.empty() ? op.name : std::move(name);
+  q.kind = op.kind;
+  q.process_set = op.set.id;
+  q.dtype = traits_of<T>::dtype(t);
+  q.device = traits_of<T>::device(t);
+  q.shape = shape_of(t);
+  check_tensor(q, traits_of<T>::numel(t), traits_of<T>::data(t) != nullptr);
+  return q;
 }
 
 // Runs the local checks of `op`. One that fails submits the name as rejected, so the peers' ops of
@@ -82,9 +84,20 @@ decltype(auto) checked(const NamedOp& op, F&& checks) {
   try {
     return checks();
   } catch (const InvalidArgumentError& e) {
-    reject(*op.engine, op.name, op.kind, e.what(), op.group);
+    reject(*op.engine, op.name, op.kind, e.what(), op.group, op.set.id);
     throw;
   }
+}
+
+// A request of `op` that carries no tensor (barrier, join, an empty group's stand-in).
+inline Request bare_request(const NamedOp& op, std::string name = {}) {
+  Request q;
+  q.name = name.empty() ? op.name : std::move(name);
+  q.kind = op.kind;
+  q.process_set = op.set.id;
+  q.dtype = DataType::uint8;
+  q.shape = {0};
+  return q;
 }
 
 // Entries of ops that produce a new tensor allocate it on the engine thread, once the sizes are
@@ -114,9 +127,10 @@ template <class T>
 Handle allreduce_async(T& tensor, const AllreduceOptions& options = {}) {
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "allreduce");
+    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "allreduce",
+                                    options.process_set);
     auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op.kind, op.name);
+      auto q = detail::describe(tensor, op);
       detail::check_reduction(q, options.op, options.prescale, options.postscale);
       return q;
     });
@@ -137,74 +151,18 @@ void allreduce(T& tensor, const AllreduceOptions& options = {}) {
   allreduce_async(tensor, options).wait();
 }
 
-// Reduces every tensor of `tensors` (any range of tensors) as one group: the group is negotiated
-// as a unit and its members are fused together. Member i is named "<name>.<i>".
-template <Range R>
-Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}) {
-  using T = range_value_t<R>;
-  DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
-  if constexpr (MutableTensor<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "grouped_allreduce");
-    const std::string& group = op.name;
-    const auto count = static_cast<std::int32_t>(std::distance(std::begin(tensors), std::end(tensors)));
-    std::vector<std::shared_ptr<detail::Entry>> entries;
-    // A rejection fails the whole group on the peers (Note [Failed ops]).
-    detail::NamedOp member = op;
-    member.name = group + ".rejected";
-    member.group = group;
-    std::int32_t i = 0;
-    for (auto& t : tensors) {
-      auto q = detail::checked(member, [&] {
-        auto q = detail::describe(t, op.kind, fmt::format("{}.{}", group, i));
-        detail::check_reduction(q, options.op, options.prescale, options.postscale);
-        return q;
-      });
-      ++i;
-      q.reduce_op = options.op;
-      q.prescale = options.prescale;
-      q.postscale = options.postscale;
-      q.group = group;
-      q.group_size = count;
-      auto e = detail::new_entry(std::move(q));
-      e->data = traits_of<T>::mutable_data(t);
-      e->stream = detail::stream_of(t);
-      entries.push_back(std::move(e));
-    }
-    if (count == 0) {
-      // An empty group still takes part, so a rank whose group is not empty is told they differ.
-      detail::Request q;
-      q.name = group + ".empty";
-      q.kind = op.kind;
-      q.reduce_op = ReduceOp::Sum;
-      q.shape = {0};
-      q.group = group;
-      q.group_size = 0;
-      entries.push_back(detail::new_entry(std::move(q)));
-    }
-    // The group's handle completes when the last member does, with the first member's error.
-    std::vector<std::shared_ptr<detail::OpState>> states;
-    for (const auto& e : entries) states.push_back(e->state);
-    auto all = detail::complete_together(states);
-    detail::submit_all(*op.engine, std::move(entries));
-    return Handle(all);
-  }
-}
-
-template <Range R>
-void grouped_allreduce(R&& tensors, const AllreduceOptions& options = {}) {
-  grouped_allreduce_async(std::forward<R>(tensors), options).wait();
-}
-
 // ---- allgather --------------------------------------------------------------------------------
 
-// Concatenation of every rank's tensor along dim 0, in rank order; dim 0 may differ per rank.
+// Concatenation of every member's tensor along dim 0, in rank order; dim 0 may differ per rank.
+// Allgathers that are ready together are fused into one collective (Note [Fused allgather]).
 template <class T>
-ResultHandle<output_t<T>> allgather_async(const T& tensor, std::string_view name = {}) {
+ResultHandle<output_t<T>> allgather_async(const T& tensor, const CollectiveOptions& options) {
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(name, detail::OpKind::allgather, "allgather");
-    auto q = detail::checked(op, [&] { return detail::describe(tensor, op.kind, op.name); });
+    const auto op = detail::name_op(options.name, detail::OpKind::allgather, "allgather",
+                                    options.process_set);
+    auto q = detail::checked(op, [&] { return detail::describe(tensor, op); });
     auto e = detail::new_entry(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);
@@ -212,7 +170,15 @@ ResultHandle<output_t<T>> allgather_async(const T& tensor, std::string_view name
     return h;
   }
 }
+template <class T>
+ResultHandle<output_t<T>> allgather_async(const T& tensor, std::string_view name = {}) {
+  return allgather_async(tensor, CollectiveOptions{std::string(name)});
+}
 
+template <class T>
+output_t<T> allgather(const T& tensor, const CollectiveOptions& options) {
+  return allgather_async(tensor, options).get();
+}
 template <class T>
 output_t<T> allgather(const T& tensor, std::string_view name = {}) {
   return allgather_async(tensor, name).get();
@@ -220,14 +186,16 @@ output_t<T> allgather(const T& tensor, std::string_view name = {}) {
 
 // ---- broadcast --------------------------------------------------------------------------------
 
+// `root_rank` is a world rank (dtrain::rank()) and, on a process set, one of its members.
 template <class T>
-Handle broadcast_async(T& tensor, int root_rank, std::string_view name = {}) {
+Handle broadcast_async(T& tensor, int root_rank, const CollectiveOptions& options) {
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    const auto op = detail::name_op(name, detail::OpKind::broadcast, "broadcast");
+    const auto op = detail::name_op(options.name, detail::OpKind::broadcast, "broadcast",
+                                    options.process_set);
     auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op.kind, op.name);
-      detail::check_root(q, root_rank, detail::world_size(*op.engine));
+      auto q = detail::describe(tensor, op);
+      detail::check_root(q, root_rank, op.set);
       return q;
     });
     q.root = root_rank;
@@ -239,7 +207,15 @@ Handle broadcast_async(T& tensor, int root_rank, std::string_view name = {}) {
     return h;
   }
 }
+template <class T>
+Handle broadcast_async(T& tensor, int root_rank, std::string_view name = {}) {
+  return broadcast_async(tensor, root_rank, CollectiveOptions{std::string(name)});
+}
 
+template <class T>
+void broadcast(T& tensor, int root_rank, const CollectiveOptions& options) {
+  broadcast_async(tensor, root_rank, options).wait();
+}
 template <class T>
 void broadcast(T& tensor, int root_rank, std::string_view name = {}) {
   broadcast_async(tensor, root_rank, name).wait();
@@ -247,20 +223,22 @@ void broadcast(T& tensor, int root_rank, std::string_view name = {}) {
 
 // ---- alltoall ---------------------------------------------------------------------------------
 
-// Sends splits[r] rows (dim 0) to rank r, in order; receives the rows every rank sent here.
+// Sends splits[r] rows (dim 0) to the r-th member (rank r of the world, or of the process set), in
+// order; receives the rows every member sent here.
 template <class T, Range Splits>
   requires std::integral<range_value_t<Splits>>
 ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& splits,
-                                               std::string_view name = {}) {
+                                               const CollectiveOptions& options) {
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(name, detail::OpKind::alltoall, "alltoall");
+    const auto op = detail::name_op(options.name, detail::OpKind::alltoall, "alltoall",
+                                    options.process_set);
     std::vector<std::int64_t> s;
     for (auto v : splits) s.push_back(static_cast<std::int64_t>(v));
     auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op.kind, op.name);
-      detail::check_splits(q, s, detail::world_size(*op.engine));
+      auto q = detail::describe(tensor, op);
+      detail::check_splits(q, s, op.set);
       return q;
     });
     auto e = detail::new_entry(std::move(q));
@@ -281,7 +259,19 @@ ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& sp
     return h;
   }
 }
+template <class T, Range Splits>
+  requires std::integral<range_value_t<Splits>>
+ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& splits,
+                                               std::string_view name = {}) {
+  return alltoall_async(tensor, splits, CollectiveOptions{std::string(name)});
+}
 
+template <class T, Range Splits>
+  requires std::integral<range_value_t<Splits>>
+AlltoallResult<T> alltoall(const T& tensor, const Splits& splits,
+                           const CollectiveOptions& options) {
+  return alltoall_async(tensor, splits, options).get();
+}
 template <class T, Range Splits>
   requires std::integral<range_value_t<Splits>>
 AlltoallResult<T> alltoall(const T& tensor, const Splits& splits, std::string_view name = {}) {
@@ -290,29 +280,42 @@ AlltoallResult<T> alltoall(const T& tensor, const Splits& splits, std::string_vi
 
 // ---- reducescatter ----------------------------------------------------------------------------
 
-// Reduces across ranks and returns this rank's slice of dim 0: rows are split evenly, and the
-// first (rows % size) ranks take one extra row.
+// Reduces across the members (prescale, the reduction, postscale, as allreduce does) and returns
+// this rank's slice of dim 0: rows are split evenly, and the first (rows % members) members take
+// one extra row.
 template <class T>
-ResultHandle<output_t<T>> reducescatter_async(const T& tensor, ReduceOp op = ReduceOp::Average,
-                                              std::string_view name = {}) {
+ResultHandle<output_t<T>> reducescatter_async(const T& tensor,
+                                              const ReducescatterOptions& options) {
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto named = detail::name_op(name, detail::OpKind::reducescatter, "reducescatter");
-    auto q = detail::checked(named, [&] {
-      auto q = detail::describe(tensor, named.kind, named.name);
-      detail::check_reduction(q, op, 1.0, 1.0);
+    const auto op = detail::name_op(options.name, detail::OpKind::reducescatter, "reducescatter",
+                                    options.process_set);
+    auto q = detail::checked(op, [&] {
+      auto q = detail::describe(tensor, op);
+      detail::check_reduction(q, options.op, options.prescale, options.postscale);
       return q;
     });
-    q.reduce_op = op;
+    q.reduce_op = options.op;
+    q.prescale = options.prescale;
+    q.postscale = options.postscale;
     auto e = detail::new_entry(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);
-    detail::submit(*named.engine, std::move(e));
+    detail::submit(*op.engine, std::move(e));
     return h;
   }
 }
+template <class T>
+ResultHandle<output_t<T>> reducescatter_async(const T& tensor, ReduceOp op = ReduceOp::Average,
+                                              std::string_view name = {}) {
+  return reducescatter_async(tensor, ReducescatterOptions{.op = op, .name = std::string(name)});
+}
 
+template <class T>
+output_t<T> reducescatter(const T& tensor, const ReducescatterOptions& options) {
+  return reducescatter_async(tensor, options).get();
+}
 template <class T>
 output_t<T> reducescatter(const T& tensor, ReduceOp op = ReduceOp::Average,
                           std::string_view name = {}) {
@@ -321,37 +324,36 @@ output_t<T> reducescatter(const T& tensor, ReduceOp op = ReduceOp::Average,
 
 // ---- barrier and join -------------------------------------------------------------------------
 
-inline Handle barrier_async(std::string_view name = {}) {
-  const auto op = detail::name_op(name, detail::OpKind::barrier, "barrier");
+inline Handle barrier_async(const CollectiveOptions& options) {
+  const auto op = detail::name_op(options.name, detail::OpKind::barrier, "barrier",
+                                  options.process_set);
   detail::checked(op, [] {});
-  detail::Request q;
-  q.kind = op.kind;
-  q.name = op.name;
-  q.dtype = DataType::uint8;
-  q.shape = {0};
-  auto e = detail::new_entry(std::move(q));
+  auto e = detail::new_entry(detail::bare_request(op));
   Handle h(e->state);
   detail::submit(*op.engine, std::move(e));
   return h;
 }
+inline Handle barrier_async(std::string_view name = {}) {
+  return barrier_async(CollectiveOptions{std::string(name)});
+}
+inline void barrier(const CollectiveOptions& options) { barrier_async(options).wait(); }
 inline void barrier() { barrier_async().wait(); }
 
-// Declares that this rank has no more data for this round. Until every rank has joined, it keeps
-// taking part in allreduce (contributing zeros: Average divides by the ranks that did not join),
-// allgather (contributing no rows) and broadcast. Returns the last rank to join.
-inline int join() {
-  auto eng = detail::engine("join");
-  detail::Request q;
-  q.kind = detail::OpKind::join;
-  q.name = "join";
-  q.dtype = DataType::uint8;
-  q.shape = {0};
-  auto e = detail::new_entry(std::move(q));
+// Declares that this rank has no more data for this round on `process_set` (the world unless
+// given). Until every member has joined, it keeps taking part in the set's allreduce
+// (contributing zeros: Average divides by the ranks that did not join), allgather (contributing no
+// rows) and broadcast. The handle's result is the world rank of the last member to join.
+inline ResultHandle<int> join_async(const ProcessSet& process_set = {}) {
+  const auto op = detail::name_op("join", detail::OpKind::join, "join", process_set);
+  auto e = detail::new_entry(detail::bare_request(op));
   auto last = std::make_shared<std::optional<int>>();
   e->set_last_joined = [last](int rank) { *last = rank; };
   ResultHandle<int> h(e->state, last);
-  detail::submit(*eng, std::move(e));
-  return h.get();
+  detail::submit(*op.engine, std::move(e));
+  return h;
 }
+inline int join(const ProcessSet& process_set = {}) { return join_async(process_set).get(); }
 
 }  // namespace dtrain
+
+#include "dtrain/runtime/grouped_collectives.hpp"

@@ -16,6 +16,9 @@
 // alltoall and reducescatter, and a device allreduce by Min, Max or Product, whose joined ranks
 // would need an identity filled in on the device. The verdict is a function of the requests
 // alone: rank 0 reaches it and every rank applies it.
+//
+// An op of a process set is compared among the set's members only; ranks outside the set never
+// submit it and are never waited for, and messages name the set after the op.
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -28,6 +31,7 @@
 
 #include "dtrain/runtime/messages.hpp"
 #include "dtrain/runtime/ready_op.hpp"
+#include "dtrain/runtime/set_members.hpp"
 
 namespace dtrain::detail {
 
@@ -43,12 +47,17 @@ inline std::vector<std::int32_t> submitting_ranks(const PerRankRequests& per_ran
   return out;
 }
 
-// The ranks that have not submitted the op, ascending.
-inline std::vector<std::int32_t> absent_ranks(const PerRankRequests& per_rank) {
+// The members of `members` that have not submitted the op, ascending.
+inline std::vector<std::int32_t> absent_ranks(const PerRankRequests& per_rank,
+                                              const SetMembers& members) {
   std::vector<std::int32_t> out;
-  for (std::size_t r = 0; r < per_rank.size(); ++r)
-    if (!per_rank[r]) out.push_back(static_cast<std::int32_t>(r));
+  for (std::int32_t r : members.ranks())
+    if (!per_rank[static_cast<std::size_t>(r)]) out.push_back(r);
   return out;
+}
+// The ranks of the world that have not submitted the op, ascending.
+inline std::vector<std::int32_t> absent_ranks(const PerRankRequests& per_rank) {
+  return absent_ranks(per_rank, SetMembers::world(static_cast<int>(per_rank.size())));
 }
 
 // The lowest rank's request: the canonical one. At least one rank has submitted the op.
@@ -72,13 +81,15 @@ std::string ranks_by_value(const PerRankRequests& per_rank, FieldText&& field_te
   return out;
 }
 
-// The ready op named `name`, or its failure, from the requests of the ranks that submitted it
-// (Note [Validation across ranks]). Every rank absent from `per_rank` has joined; at least one is
-// present.
-inline ReadyOp validate_across_ranks(std::string_view name, const PerRankRequests& per_rank) {
+// The ready op named `name` of the set `members`, or its failure, from the requests of the ranks
+// that submitted it (Note [Validation across ranks]). Every member absent from `per_rank` has
+// joined; at least one is present.
+inline ReadyOp validate_across_ranks(std::string_view name, const PerRankRequests& per_rank,
+                                     const SetMembers& members) {
   ReadyOp out;
   out.request = first_submission(per_rank);
   out.contributors = static_cast<std::int32_t>(submitting_ranks(per_rank).size());
+  const std::string& on_set = members.label();
   auto fail = [&](ErrorKind kind, std::string message) {
     out.error = kind;
     out.message = std::move(message);
@@ -90,9 +101,10 @@ inline ReadyOp validate_across_ranks(std::string_view name, const PerRankRequest
       if (q && get(*q) != reference) {
         auto text = [&](const Request& each) { return fmt::format("{}", get(each)); };
         return fail(ErrorKind::mismatch,
-                    fmt::format("dtrain: ranks disagree on the {} of {} '{}': {}. Run with "
+                    fmt::format("dtrain: ranks disagree on the {} of {} '{}'{}: {}. Run with "
                                 "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
-                                field, out.request.kind, name, ranks_by_value(per_rank, text)));
+                                field, out.request.kind, name, on_set,
+                                ranks_by_value(per_rank, text)));
       }
     }
     return std::nullopt;
@@ -132,34 +144,48 @@ inline ReadyOp validate_across_ranks(std::string_view name, const PerRankRequest
     const bool root_in_world = root >= 0 && static_cast<std::size_t>(root) < per_rank.size();
     if (root_in_world && !per_rank[root])
       return fail(ErrorKind::invalid_argument,
-                  fmt::format("dtrain: broadcast '{}' has root rank {}, which has already joined",
-                              name, root));
+                  fmt::format("dtrain: broadcast '{}'{} has root rank {}, which has already joined",
+                              name, on_set, root));
   }
   if (auto e = mismatch("group", group_text)) return *e;
-  const bool someone_joined = static_cast<std::size_t>(out.contributors) < per_rank.size();
-  if (someone_joined && (kind == OpKind::alltoall || kind == OpKind::reducescatter)) {
+  if (kind == OpKind::process_set) {
+    auto ranks_text = [](const Request& q) {
+      return fmt::format("[{}]", fmt::join(q.set_ranks, ", "));
+    };
+    if (auto e = mismatch("ranks", ranks_text)) return *e;
+  }
+  const bool someone_joined = out.contributors < members.count();
+  if (someone_joined && (kind == OpKind::alltoall || kind == OpKind::reducescatter ||
+                         kind == OpKind::process_set)) {
     return fail(ErrorKind::invalid_argument,
-                fmt::format("dtrain: {} '{}' cannot run while ranks [{}] have joined: only "
+                fmt::format("dtrain: {} '{}'{} cannot run while ranks [{}] have joined: only "
                             "allreduce, allgather, broadcast and barrier accept joined ranks",
-                            kind, name, fmt::join(absent_ranks(per_rank), ", ")));
+                            kind, name, on_set, fmt::join(absent_ranks(per_rank, members), ", ")));
   }
   // A joined rank contributes the op's identity (0, 1, +inf or -inf) from host memory; the
   // device path has no such fill, so there only Sum and Average accept joined ranks.
   if (someone_joined && kind == OpKind::allreduce && out.request.device.is_cuda() &&
       out.request.reduce_op != ReduceOp::Sum && out.request.reduce_op != ReduceOp::Average) {
     return fail(ErrorKind::invalid_argument,
-                fmt::format("dtrain: allreduce '{}' with ReduceOp::{} on {} cannot run while "
+                fmt::format("dtrain: allreduce '{}'{} with ReduceOp::{} on {} cannot run while "
                             "ranks [{}] have joined: device tensors accept joined ranks for Sum "
                             "and Average only",
-                            name, out.request.reduce_op, out.request.device,
-                            fmt::join(absent_ranks(per_rank), ", ")));
+                            name, on_set, out.request.reduce_op, out.request.device,
+                            fmt::join(absent_ranks(per_rank, members), ", ")));
   }
   if (kind == OpKind::allgather) {
-    out.rank_rows.assign(per_rank.size(), 0);
-    for (std::size_t r = 0; r < per_rank.size(); ++r)
-      if (per_rank[r]) out.rank_rows[r] = per_rank[r]->dim0();
+    for (std::int32_t r : members.ranks()) {
+      const auto& q = per_rank[static_cast<std::size_t>(r)];
+      out.rank_rows.push_back(q ? q->dim0() : 0);
+    }
   }
   return out;
+}
+
+// The same for an op of the world.
+inline ReadyOp validate_across_ranks(std::string_view name, const PerRankRequests& per_rank) {
+  return validate_across_ranks(name, per_rank,
+                               SetMembers::world(static_cast<int>(per_rank.size())));
 }
 
 }  // namespace dtrain::detail

@@ -16,7 +16,8 @@ inline void log_submission(int rank, const Request& q) {
         q.rejected);
     return;
   }
-  log(LogLevel::debug, "rank {} submits {} '{}'{}: {} [{}] on {}{}", rank, q.kind, q.name,
+  log(LogLevel::debug, "rank {} submits {} '{}'{}{}: {} [{}] on {}{}", rank, q.kind, q.name,
+      q.process_set == 0 ? "" : fmt::format(" on process set {}", q.process_set),
       q.group.empty() ? "" : fmt::format(" (group '{}')", q.group), q.dtype,
       fmt::join(q.shape, ", "), q.device,
       q.kind == OpKind::allreduce || q.kind == OpKind::reducescatter
@@ -31,8 +32,12 @@ inline void log_response(int rank, const Response& r) {
         fmt::join(r.names, ", "), r.error_message);
     return;
   }
-  log(LogLevel::debug, "rank {} runs {} of {} tensor(s) [{}]: {} elements of {}", rank, r.kind,
-      r.names.size(), fmt::join(r.names, ", "), r.total_numel(), r.dtype);
+  log(LogLevel::debug, "rank {} runs {} of {} tensor(s) [{}]{}: {} elements of {}",
+      rank, r.kind, r.names.size(), fmt::join(r.names, ", "),
+      r.process_set == 0 || r.kind == OpKind::process_set
+          ? std::string()
+          : fmt::format(" on process set {}", r.process_set),
+      r.total_numel(), r.dtype);
 }
 
 }  // namespace dtrain::detail

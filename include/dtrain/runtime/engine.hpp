@@ -115,16 +115,26 @@ class Engine {
     ec.config = &config_;
     ec.data_comm = data_;
     ec.hierarchy = hierarchy_;
+    if (topology) ec.host_of_rank = topology->host_of_rank;
     ec.timeline = rank_ == 0 ? &timeline_ : nullptr;
     ec.counters = &counters_;
-    ec.take = [this](const std::string& name) {
+    ec.take = [this](const OpKey& key) {
       std::lock_guard lock(mutex_);
-      return table_.take(name);
+      return table_.take(key);
     };
-    ec.take_join = [this] {
+    ec.take_join = [this](std::int32_t process_set) {
       std::lock_guard lock(mutex_);
-      return table_.take_join();
+      return table_.take_join(process_set);
     };
+    ec.set_created = [this](std::int32_t id, std::vector<int> ranks) {
+      std::lock_guard lock(mutex_);
+      process_sets_.emplace(id, std::make_shared<const std::vector<int>>(std::move(ranks)));
+    };
+    {
+      std::vector<int> everyone(static_cast<std::size_t>(size_));
+      for (int r = 0; r < size_; ++r) everyone[static_cast<std::size_t>(r)] = r;
+      process_sets_.emplace(0, std::make_shared<const std::vector<int>>(std::move(everyone)));
+    }
     if (rank_ == 0 && config.autotune) {
       std::vector<int> ranks_per_host =
           topology && !topology->local_sizes.empty() ? topology->local_sizes : std::vector<int>{size_};
@@ -165,7 +175,7 @@ class Engine {
   // After a clean shutdown(): frees the MPI resources while the object may live on (a thread that
   // raced with shutdown may still hold it; it only ever sees ShutdownError).
   void release_communicators() noexcept {
-    if (executor_) executor_->release_device();  // before the communicators it may use
+    if (executor_) executor_->release_sets();  // before the communicators they were split from
     if (monitor_ && !peer_lost()) monitor_->close(/*all_closing=*/!failed());
     if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
     if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
@@ -179,9 +189,17 @@ class Engine {
   // Whether fused responses reduce large tensors in their own memory (agreed at init).
   bool direct_segments() const noexcept { return direct_segments_; }
 
+  // The world ranks of process set `id` (ascending), or null for a set this engine does not know
+  // (Note [Process sets] in runtime/coordinator.hpp).
+  std::shared_ptr<const std::vector<int>> process_set_ranks(std::int32_t id) const {
+    std::lock_guard lock(mutex_);
+    auto it = process_sets_.find(id);
+    return it == process_sets_.end() ? nullptr : it->second;
+  }
+
   // Note [Generated names] in runtime/op_names.hpp.
-  std::string generate_name(OpKind kind) {
-    if (auto name = namer_.next(kind)) return std::move(*name);
+  std::string generate_name(OpKind kind, std::int32_t process_set = 0) {
+    if (auto name = namer_.next(kind, process_set)) return std::move(*name);
     const std::string why = OpNamer::why_refused(rank_, kind);
     end_job(why);
     throw InvalidArgumentError(why);
@@ -201,12 +219,13 @@ class Engine {
   // Submits `name` as rejected by this rank, so the peers' ops of that name fail at once instead of
   // waiting for it (Note [Failed ops]). The caller then throws its own error.
   void reject(const std::string& name, OpKind kind, const std::string& why,
-              const std::string& group = {}) noexcept {
+              const std::string& group = {}, std::int32_t process_set = 0) noexcept {
     try {
       auto e = std::make_shared<Entry>();
       e->request.name = name;
       e->request.kind = kind;
       e->request.group = group;
+      e->request.process_set = process_set;
       e->request.dtype = DataType::uint8;
       e->request.shape = {0};
       e->request.rejected = why.rfind("dtrain: ", 0) == 0 ? why.substr(8) : why;
@@ -290,7 +309,7 @@ class Engine {
 
   EngineStats stats() const {
     EngineStats s = counters_.snapshot();
-    s.buffer_allocations = executor_->host().buffer_allocations();
+    s.buffer_allocations = executor_->buffer_allocations();
     return s;
   }
 
@@ -372,6 +391,9 @@ class Engine {
   mutable std::mutex mutex_;  // guards everything the user threads touch
   std::condition_variable cv_;
   InFlightTable table_;
+  // By id: the world ranks of every process set this rank has run the creation of, the world's
+  // (0) included. Members or not: a non-member's use of a set is refused by name.
+  std::unordered_map<std::int32_t, std::shared_ptr<const std::vector<int>>> process_sets_;
   bool shutdown_requested_ = false;
   bool shutdown_sent_ = false;
   bool abandon_ = false;

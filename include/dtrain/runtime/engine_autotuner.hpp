@@ -33,6 +33,7 @@
 #include "dtrain/core/env.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/op_key.hpp"
 
 namespace dtrain::detail {
 
@@ -68,15 +69,17 @@ class EngineAutotuner {
     if (finished_) return std::nullopt;
     std::optional<autotune::Knobs> change;
     for (const auto& r : msg.responses) {
-      if (r.error != ErrorKind::none || r.kind == OpKind::join || r.kind == OpKind::barrier)
+      if (r.error != ErrorKind::none || r.kind == OpKind::join || r.kind == OpKind::barrier ||
+          r.kind == OpKind::process_set)
         continue;
       for (std::size_t i = 0; i < r.names.size(); ++i) {
-        if (step_names_.contains(r.names[i])) {
+        std::string name = display_name(r.process_set, r.names[i]);  // names are per set
+        if (step_names_.contains(name)) {
           if (auto c = end_step(arrival)) change = c;
           if (finished_) return change;
         }
-        step_names_.emplace(r.names[i], autotune::TensorSignature{
-                                            r.names[i], r.dtype, i < r.numels.size() ? r.numels[i] : 0});
+        step_names_.emplace(name, autotune::TensorSignature{
+                                      name, r.dtype, i < r.numels.size() ? r.numels[i] : 0});
       }
     }
     step_bytes_ += bytes;

@@ -158,12 +158,12 @@ inline bool Engine::apply(const ResponseMessage& msg) {
   const auto arrival = Clock::now();
   responses_applied_ = msg.seq;
   if (msg.tuned.generation != 0)
-    executor_->host().retune(msg.tuned.fusion_pipeline, msg.tuned.hierarchical_allreduce);
+    executor_->retune(msg.tuned.fusion_pipeline, msg.tuned.hierarchical_allreduce);
   for (const auto& ins : msg.cache_inserts) {
     std::lock_guard lock(mutex_);
-    const Entry* e = table_.find(ins.name);
-    if (!e) continue;  // a rank that joined has nothing to remember
-    mirror_.insert(ins.id, ins.name, e->request);
+    const Entry* e = table_.find(OpKey{ins.process_set, ins.name});
+    if (!e) continue;  // a rank that joined, or is not in the set, has nothing to remember
+    mirror_.insert(ins.id, e->request);
   }
   for (auto id : msg.cache_evictions) mirror_.evict(id);
   if (!msg.fatal.empty()) {

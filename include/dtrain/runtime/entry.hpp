@@ -1,6 +1,7 @@
 #pragma once
 // A local in-flight op: what the user submitted (metadata, memory, completion state).
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -20,6 +21,7 @@ struct Entry {
   std::function<void*(const Shape&)> make_output;
   std::function<void(std::vector<std::int64_t>)> set_received_splits;  // alltoall
   std::function<void(int)> set_last_joined;  // join: the last rank to join
+  std::function<void(std::int32_t)> set_created;  // add_process_set: the new set's id
   void* stream = nullptr;            // device ops: producer stream
   std::chrono::steady_clock::time_point submitted;  // when the engine took it (negotiation time)
   std::shared_ptr<OpState> state;

@@ -15,6 +15,9 @@
 // A group fails as a whole, and its verdict is kept by group: a rank submits every member of a
 // group in one message, so the verdict is settled for that rank once the whole message has been
 // read (message_read()), and each member it submitted fails with it.
+//
+// Each process set keeps its own verdicts, and waits only for its members: a rank outside the set
+// never submits the name, so it holds no verdict open.
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
@@ -35,38 +38,49 @@
 
 namespace dtrain::detail {
 
+// Each verdict names the op's process set after the op with `on_set` (SetMembers::label()).
+
 // The verdict on `q`, which rank `rank` refused to submit (Request::rejected).
-inline Verdict rejected_verdict(int rank, const Request& q) {
+inline Verdict rejected_verdict(int rank, const Request& q, std::string_view on_set = {}) {
   return {ErrorKind::invalid_argument,
-          fmt::format("dtrain: {} '{}' was rejected on rank {}: {}",
-                      q.group.empty() ? to_string(q.kind) : "grouped_allreduce",
-                      q.group.empty() ? q.name : q.group, rank, q.rejected)};
+          fmt::format("dtrain: {}{} '{}'{} was rejected on rank {}: {}",
+                      q.group.empty() ? "" : "grouped_", q.kind,
+                      q.group.empty() ? q.name : q.group, on_set, rank, q.rejected)};
 }
 
 // The verdict on op `name`, which ranks `absent` have not submitted within the op timeout.
 inline Verdict timed_out_verdict(OpKind kind, std::string_view name, double op_timeout_seconds,
                                  std::span<const std::int32_t> absent,
-                                 std::span<const std::int32_t> submitted) {
+                                 std::span<const std::int32_t> submitted,
+                                 std::string_view on_set = {}) {
   return {ErrorKind::timeout,
-          fmt::format("dtrain: {} '{}' timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks "
+          fmt::format("dtrain: {} '{}'{} timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks "
                       "[{}] never submitted it (submitted by ranks [{}]). Those ranks took a "
                       "different code path, are stuck, or are still busy; if a rank "
                       "legitimately works alone for that long, raise DTRAIN_OP_TIMEOUT_SECONDS.",
-                      kind, name, op_timeout_seconds, fmt::join(absent, ", "),
+                      kind, name, on_set, op_timeout_seconds, fmt::join(absent, ", "),
                       fmt::join(submitted, ", "))};
 }
 
 // The verdict on op `name`, which ranks `gone` shut down without submitting.
-inline Verdict shut_down_verdict(OpKind kind, std::string_view name, std::span<const int> gone) {
+inline Verdict shut_down_verdict(OpKind kind, std::string_view name, std::span<const int> gone,
+                                 std::string_view on_set = {}) {
   return {ErrorKind::shutdown,
-          fmt::format("dtrain: {} '{}' can never complete: ranks [{}] called dtrain::shutdown() "
+          fmt::format("dtrain: {} '{}'{} can never complete: ranks [{}] called dtrain::shutdown() "
                       "without submitting it",
-                      kind, name, fmt::join(gone, ", "))};
+                      kind, name, on_set, fmt::join(gone, ", "))};
 }
 
 class FailedOps {
  public:
-  explicit FailedOps(int size) : size_(size) {}
+  // For ops of the world ranks marked in `members` (by world rank).
+  explicit FailedOps(std::vector<bool> members)
+      : size_(static_cast<int>(members.size())), outside_(std::move(members)) {
+    outside_.flip();
+  }
+  // For ops of a world of `size` ranks.
+  explicit FailedOps(int size)
+      : FailedOps(std::vector<bool>(static_cast<std::size_t>(size), true)) {}
 
   // The verdict that rank `rank`, submitting `q`, gets at once: its name or its group failed
   // before this rank submitted it. nullopt: `q` is a new op.
@@ -106,9 +120,9 @@ class FailedOps {
     for (const auto& [n, ranks] : by_size)
       values += fmt::format("{}{} on ranks [{}]", values.empty() ? "" : "; ", n,
                             fmt::join(ranks, ", "));
-    return fmt::format("dtrain: ranks disagree on the number of tensors in grouped_allreduce "
+    return fmt::format("dtrain: ranks disagree on the number of tensors in grouped_{} "
                        "'{}': {}. Every rank must pass the same number of tensors.",
-                       q.group, values);
+                       q.kind, q.group, values);
   }
 
   // Every rank has submitted every member of `group`: its size is settled.
@@ -118,7 +132,7 @@ class FailedOps {
   // fail now) that have not shut down.
   void fail_name(const std::string& name, Verdict verdict, std::span<const std::int32_t> told,
                  const std::vector<bool>& shut_down) {
-    Remembered f{std::move(verdict), std::vector<bool>(size_, false)};
+    Remembered f{std::move(verdict), outside_};
     for (std::int32_t r : told) f.settled[r] = true;
     remember(by_name_, name, std::move(f), shut_down);
   }
@@ -128,10 +142,11 @@ class FailedOps {
   // for it once the message is read); -1 when none is.
   void fail_group(const std::string& group, Verdict verdict, int arriving_rank,
                   const std::vector<bool>& shut_down) {
-    Remembered f{std::move(verdict), std::vector<bool>(size_, false)};
+    Remembered f{std::move(verdict), outside_};
     if (auto g = group_sizes_.find(group); g != group_sizes_.end()) {
       // A rank that stated the group's size has submitted all its members already.
-      for (int k = 0; k < size_; ++k) f.settled[k] = k != arriving_rank && g->second[k].has_value();
+      for (int k = 0; k < size_; ++k)
+        f.settled[k] = outside_[k] || (k != arriving_rank && g->second[k].has_value());
       group_sizes_.erase(g);
     }
     if (arriving_rank >= 0) {
@@ -174,11 +189,12 @@ class FailedOps {
   }
   void remember(Verdicts& verdicts, const std::string& key, Remembered f,
                 const std::vector<bool>& shut_down) {
-    for (int k = 0; k < size_; ++k) f.settled[k] = f.settled[k] || shut_down[k];
+    for (int k = 0; k < size_; ++k) f.settled[k] = f.settled[k] || shut_down[k] || outside_[k];
     if (!all_settled(f)) verdicts[key] = std::move(f);
   }
 
   int size_;
+  std::vector<bool> outside_;  // by world rank: not a member, never submits
   Verdicts by_name_;
   Verdicts by_group_;
   std::unordered_map<std::string, GroupSizes> group_sizes_;

@@ -9,14 +9,17 @@
 // of its inputs alone (the ready ops and the fusion threshold) with no state carried from one
 // plan to the next, so the same ready ops always give the same responses.
 //
-// Only successful allreduces fuse, and only with ops of the same dtype, device, reduce op,
-// prescale and postscale factors and number of contributing ranks: one collective must do the
-// same arithmetic on every element, and Average divides by the contributors. Each such op joins
+// Successful allreduces fuse with ops of the same dtype, device, reduce op, prescale and
+// postscale factors and number of contributing ranks: one collective must do the same arithmetic
+// on every element, and Average divides by the contributors. Successful allgathers of host memory
+// fuse with allgathers of the same dtype and contributors (Note [Fused allgather] in
+// runtime/host_backend.hpp); what they add to the buffer is every rank's rows. Each such op joins
 // the first response opened before it that it matches and that stays within the threshold with
 // it; otherwise it opens a response of its own. An op larger than the threshold, or any op when
 // the threshold is 0, goes alone, as does every other kind of op and every failed one. Responses
 // keep the order in which they were opened, and the names in a response the order of the ready
-// ops, so a fused buffer has the same layout on every rank.
+// ops, so a fused buffer has the same layout on every rank. The coordinator plans each process
+// set on its own, so ops of different sets never share a response.
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -29,7 +32,9 @@ namespace dtrain::detail {
 
 // Whether `op` may share a response with others (Note [Fusion planning]).
 inline bool fusable(const ReadyOp& op) noexcept {
-  return !op.failed() && op.request.kind == OpKind::allreduce;
+  if (op.failed()) return false;
+  return op.request.kind == OpKind::allreduce ||
+         (op.request.kind == OpKind::allgather && !op.request.device.is_cuda());
 }
 
 // The response that runs (or fails) `op` on its own.
@@ -47,7 +52,10 @@ inline Response response_for(const ReadyOp& op) {
   s.root = q.root;
   s.shape = q.shape;
   s.rank_rows = op.rank_rows;
+  if (q.kind == OpKind::allgather) s.row_numels = {q.row_numel()};
   s.active_ranks = op.contributors;
+  s.process_set = q.process_set;
+  s.set_ranks = q.set_ranks;
   s.error = op.error;
   s.error_message = op.message;
   s.error_ranks = op.error_ranks;
@@ -70,7 +78,8 @@ inline std::vector<Response> plan_responses(std::span<const ReadyOp> ready,
     if (fusable(op) && fusion_threshold_bytes > 0 && bytes <= fusion_threshold_bytes) {
       auto takes = [&](const Open& o) {
         const Response& s = plan[o.index];
-        return s.dtype == q.dtype && s.device == q.device && s.reduce_op == q.reduce_op &&
+        return s.kind == q.kind && s.dtype == q.dtype && s.device == q.device &&
+               s.reduce_op == q.reduce_op &&
                s.prescale == q.prescale && s.postscale == q.postscale &&
                s.active_ranks == op.contributors && o.bytes + bytes <= fusion_threshold_bytes;
       };
@@ -78,6 +87,10 @@ inline std::vector<Response> plan_responses(std::span<const ReadyOp> ready,
         Response& s = plan[o->index];
         s.names.push_back(q.name);
         s.numels.push_back(q.numel());
+        if (q.kind == OpKind::allgather) {
+          s.row_numels.push_back(q.row_numel());
+          s.rank_rows.insert(s.rank_rows.end(), op.rank_rows.begin(), op.rank_rows.end());
+        }
         o->bytes += bytes;
         continue;
       }

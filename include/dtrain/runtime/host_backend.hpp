@@ -1,6 +1,18 @@
 #pragma once
-// Executes responses on host memory over MPI (the data communicator, separate from the control
-// communicator the engine negotiates on).
+// Executes responses on host memory over MPI (the data communicator of one process set, separate
+// from the control communicator the engine negotiates on).
+//
+// Note [Fused allgather]
+// A small allgather costs its latency, not its bytes: a hundred of them one after another pay a
+// hundred MPI rounds (and, with ranks sharing cores, a hundred waits for descheduled peers). A
+// response of several allgathers (Note [Fusion planning]) runs as one MPI_Allgatherv on the fusion
+// buffer, laid out rank by rank: rank k's block holds its rows of every tensor of the response,
+// in the response's order, so its contribution is its own tensors packed back to back, and every
+// block's size follows from the response (rank_rows, row_numels) on every rank. Each rank copies
+// its tensors into its own block, gathers in place, and builds tensor i's output from tensor i's
+// part of every block, in rank order. A rank that joined contributes an empty block. The layout
+// is a function of the response alone, so every rank makes the same call; dim 0 may differ per
+// rank and per tensor, and a rank may have no rows at all.
 #include <mpi.h>
 
 #include <algorithm>
@@ -15,6 +27,7 @@
 #include "dtrain/comm/host_collectives.hpp"
 #include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/fusion_pipeline.hpp"
+#include "dtrain/runtime/op_key.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
 namespace dtrain::detail {
@@ -75,15 +88,19 @@ class HostBackend final : public Backend {
     const auto start = Clock::now();
     if (timeline())
       for (std::size_t i = 0; i < entries.size(); ++i)
-        if (entries[i]) opt_.timeline->span(r.names[i], "QUEUE", arrival, start);
+        if (entries[i]) opt_.timeline->span(timeline_row(r, i), "QUEUE", arrival, start);
     switch (r.kind) {
       case OpKind::allreduce: allreduce(r, entries); break;
-      case OpKind::allgather: allgather(r, entries[0]); break;
+      case OpKind::allgather:
+        if (entries.size() == 1) allgather(r, entries[0]);
+        else fused_allgather(r, entries);
+        break;
       case OpKind::broadcast: broadcast(r, entries[0]); break;
       case OpKind::alltoall: alltoall(r, entries[0]); break;
       case OpKind::reducescatter: reducescatter(r, entries[0]); break;
       case OpKind::barrier:
-      case OpKind::join: break;  // negotiation itself is the synchronization
+      case OpKind::join:
+      case OpKind::process_set: break;  // negotiation itself is the synchronization
     }
     opt_.stats->add(Counter::collectives);
   }
@@ -96,6 +113,10 @@ class HostBackend final : public Backend {
  private:
   Timeline* timeline() const noexcept {
     return opt_.timeline && opt_.timeline->active() ? opt_.timeline : nullptr;
+  }
+  // The timeline row of tensor i of `r`.
+  static std::string timeline_row(const Response& r, std::size_t i) {
+    return display_name(r.process_set, r.names[i]);
   }
   std::int64_t chunk(DataType d) const noexcept { return chunk_elements(opt_.chunk_bytes, d); }
 
@@ -137,8 +158,8 @@ class HostBackend final : public Backend {
       auto t2 = Clock::now();
       if (!entries[0]) return;
       if (auto* tl = timeline()) {
-        tl->span(r.names[0], "MPI_ALLREDUCE", t1, t2);
-        if (scale.before != 1.0) tl->span(r.names[0], "SCALE_IN", t0, t1);
+        tl->span(timeline_row(r, 0), "MPI_ALLREDUCE", t1, t2);
+        if (scale.before != 1.0) tl->span(timeline_row(r, 0), "SCALE_IN", t0, t1);
       }
       return;
     }
@@ -176,9 +197,9 @@ class HostBackend final : public Backend {
     if (auto* tl = timeline()) {
       for (std::size_t i = 0; i < entries.size(); ++i) {
         if (!entries[i]) continue;
-        tl->span(r.names[i], "MEMCPY_IN_FUSION_BUFFER", t0, reduce_begin);
-        tl->span(r.names[i], "MPI_ALLREDUCE", reduce_begin, reduce_end);
-        tl->span(r.names[i], "MEMCPY_OUT_FUSION_BUFFER", reduce_end, t3);
+        tl->span(timeline_row(r, i), "MEMCPY_IN_FUSION_BUFFER", t0, reduce_begin);
+        tl->span(timeline_row(r, i), "MPI_ALLREDUCE", reduce_begin, reduce_end);
+        tl->span(timeline_row(r, i), "MEMCPY_OUT_FUSION_BUFFER", reduce_end, t3);
       }
     }
   }
@@ -214,7 +235,68 @@ class HostBackend final : public Backend {
     }
     auto t0 = Clock::now();
     host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype));
-    if (auto* tl = timeline(); tl && e) tl->span(r.names[0], "MPI_ALLGATHER", t0, Clock::now());
+    if (auto* tl = timeline(); tl && e)
+      tl->span(timeline_row(r, 0), "MPI_ALLGATHER", t0, Clock::now());
+  }
+
+  // Several allgathers in one MPI_Allgatherv (Note [Fused allgather]).
+  void fused_allgather(const Response& r, std::span<Entry* const> entries) {
+    const std::size_t ranks = static_cast<std::size_t>(size_);
+    const std::size_t es = element_size(r.dtype);
+    auto elements = [&](std::size_t i, std::size_t k) {  // tensor i's elements from rank k
+      return r.rank_rows[i * ranks + k] * r.row_numels[i];
+    };
+    gather_counts_.assign(ranks, 0);
+    for (std::size_t i = 0; i < entries.size(); ++i)
+      for (std::size_t k = 0; k < ranks; ++k) gather_counts_[k] += elements(i, k);
+    const std::vector<std::int64_t> displs = exclusive_prefix(gather_counts_);
+    const std::int64_t total = displs.back() + gather_counts_.back();
+    char* buf = static_cast<char*>(
+        fusion_.reserve(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)) * es));
+    const auto t0 = Clock::now();
+    const auto me = static_cast<std::size_t>(rank_);
+    std::int64_t at = displs[me];
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const std::int64_t n = elements(i, me);
+      if (n > 0 && entries[i])
+        std::memcpy(buf + at * static_cast<std::int64_t>(es), entries[i]->input,
+                    static_cast<std::size_t>(n) * es);
+      at += n;
+    }
+    const auto t1 = Clock::now();
+    host_allgatherv_in_place(buf, gather_counts_, r.dtype, opt_.comm, chunk(r.dtype));
+    const auto t2 = Clock::now();
+    gather_used_.assign(ranks, 0);  // elements of each rank's block taken by earlier tensors
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      char* out = nullptr;
+      if (entries[i]) {
+        std::int64_t rows = 0;
+        for (std::size_t k = 0; k < ranks; ++k) rows += r.rank_rows[i * ranks + k];
+        Shape shape = entries[i]->request.shape;
+        shape[0] = rows;
+        out = static_cast<char*>(entries[i]->make_output(shape));
+      }
+      std::int64_t written = 0;
+      for (std::size_t k = 0; k < ranks; ++k) {
+        const std::int64_t n = elements(i, k);
+        if (out && n > 0)
+          std::memcpy(out + written * static_cast<std::int64_t>(es),
+                      buf + (displs[k] + gather_used_[k]) * static_cast<std::int64_t>(es),
+                      static_cast<std::size_t>(n) * es);
+        written += n;
+        gather_used_[k] += n;
+      }
+    }
+    const auto t3 = Clock::now();
+    opt_.stats->add(Counter::fused_collectives);
+    if (auto* tl = timeline()) {
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        if (!entries[i]) continue;
+        tl->span(timeline_row(r, i), "MEMCPY_IN_FUSION_BUFFER", t0, t1);
+        tl->span(timeline_row(r, i), "MPI_ALLGATHER", t1, t2);
+        tl->span(timeline_row(r, i), "MEMCPY_OUT_FUSION_BUFFER", t2, t3);
+      }
+    }
   }
 
   void broadcast(const Response& r, Entry* e) {
@@ -222,7 +304,7 @@ class HostBackend final : public Backend {
     void* buf = e ? e->data : scratch_.reserve(static_cast<std::size_t>(n) * element_size(r.dtype));
     auto t0 = Clock::now();
     host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype));
-    if (auto* tl = timeline(); tl && e) tl->span(r.names[0], "MPI_BCAST", t0, Clock::now());
+    if (auto* tl = timeline(); tl && e) tl->span(timeline_row(r, 0), "MPI_BCAST", t0, Clock::now());
   }
 
   void alltoall(const Response& r, Entry* e) {
@@ -230,7 +312,7 @@ class HostBackend final : public Backend {
     void* out = e->make_output(c.out_shape);
     auto t0 = Clock::now();
     host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype));
-    if (auto* tl = timeline()) tl->span(r.names[0], "MPI_ALLTOALL", t0, Clock::now());
+    if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_ALLTOALL", t0, Clock::now());
     e->set_received_splits(std::move(c.recv_rows));
   }
 
@@ -255,7 +337,7 @@ class HostBackend final : public Backend {
     auto t0 = Clock::now();
     host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype));
     scale_in_place(r.dtype, out, counts[rank_], effective_postscale(r));
-    if (auto* tl = timeline()) tl->span(r.names[0], "MPI_REDUCESCATTER", t0, Clock::now());
+    if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_REDUCESCATTER", t0, Clock::now());
   }
 
   Options opt_;
@@ -266,6 +348,7 @@ class HostBackend final : public Backend {
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
   HostBuffer shard_;  // this rank's shard during a scaled allreduce (Note [Scaled allreduce])
   FusedJob job_;  // the fused allreduce being executed (Note [Direct segments])
+  std::vector<std::int64_t> gather_counts_, gather_used_;  // a fused allgather's, reused
   FusionPipeline pipeline_;
   bool overlap_ = false;
   std::int64_t direct_min_bytes_ = 0;  // 0: pack every tensor of a fused response

@@ -1,9 +1,10 @@
 #pragma once
 // Note [In-flight table]
-// The ops this rank has submitted and not yet completed, by name, plus the queue of those the
-// engine thread has not yet sent to the coordinator and this rank's join. Names are unique among
-// in-flight ops: a second submission of a name still in flight is refused, all or nothing for a
-// group, and leaves the first untouched (SPEC §4). One exception: a name this rank rejected (Note
+// The ops this rank has submitted and not yet completed, by name within their process set, plus
+// the queue of those the engine thread has not yet sent to the coordinator and this rank's joins
+// (one per set). Names are unique among a set's in-flight ops: a second submission of a name
+// still in flight on the same set is refused, all or nothing for a group, and leaves the first
+// untouched (SPEC §4). One exception: a name this rank rejected (Note
 // [Failed ops] in runtime/failed_ops.hpp) is settled by the coordinator within a round trip, so
 // its successor waits for that instead of failing. The table is not thread-safe: the engine holds
 // its mutex around every call.
@@ -18,6 +19,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/runtime/entry.hpp"
+#include "dtrain/runtime/op_key.hpp"
 #include "dtrain/runtime/op_state.hpp"
 
 namespace dtrain::detail {
@@ -35,23 +37,26 @@ class InFlightTable {
     for (std::size_t i = 0; i < entries.size(); ++i) {
       const auto& q = entries[i]->request;
       if (q.kind == OpKind::join) {
-        if (join_) throw InvalidArgumentError("dtrain: join() is already in flight on this rank");
+        if (joins_.contains(q.process_set))
+          throw InvalidArgumentError(fmt::format(
+              "dtrain: join() is already in flight on this rank{}", set_text(q.process_set)));
         continue;
       }
-      auto it = by_name_.find(q.name);
+      auto it = by_name_.find(OpKey::of(q));
       if (it != by_name_.end() && !it->second->request.rejected.empty()) return it->second->state;
       bool repeated = it != by_name_.end();
-      for (std::size_t j = 0; j < i && !repeated; ++j) repeated = entries[j]->request.name == q.name;
+      for (std::size_t j = 0; j < i && !repeated; ++j)
+        repeated = OpKey::of(entries[j]->request) == OpKey::of(q);
       if (repeated)
         throw InvalidArgumentError(fmt::format(
-            "dtrain: an op named '{}' is already in flight on rank {}: names must be unique "
+            "dtrain: an op named '{}' is already in flight on rank {}{}: names must be unique "
             "among in-flight ops (wait for the first one, or give the second a different name)",
-            q.name, rank));
+            q.name, rank, set_text(q.process_set)));
     }
     for (const auto& e : entries) {
       e->submitted = now;
-      if (e->request.kind == OpKind::join) join_ = e;
-      else by_name_.emplace(e->request.name, e);
+      if (e->request.kind == OpKind::join) joins_.emplace(e->request.process_set, e);
+      else by_name_.emplace(OpKey::of(e->request), e);
       queued_.push_back(e);
     }
     return nullptr;
@@ -61,38 +66,50 @@ class InFlightTable {
   std::vector<std::shared_ptr<Entry>> take_queued() { return std::exchange(queued_, {}); }
   bool has_queued() const noexcept { return !queued_.empty(); }
 
-  // Removes and returns the in-flight op `name` (null: none, e.g. this rank joined).
-  std::shared_ptr<Entry> take(const std::string& name) {
-    auto it = by_name_.find(name);
+  // Removes and returns the in-flight op `key` (null: none, e.g. this rank joined).
+  std::shared_ptr<Entry> take(const OpKey& key) {
+    auto it = by_name_.find(key);
     if (it == by_name_.end()) return nullptr;
     auto e = std::move(it->second);
     by_name_.erase(it);
     return e;
   }
-  const Entry* find(const std::string& name) const {
-    auto it = by_name_.find(name);
+  const Entry* find(const OpKey& key) const {
+    auto it = by_name_.find(key);
     return it == by_name_.end() ? nullptr : it->second.get();
   }
 
-  std::shared_ptr<Entry> take_join() { return std::move(join_); }
+  // Removes and returns this rank's join of `process_set` (null: none).
+  std::shared_ptr<Entry> take_join(std::int32_t process_set) {
+    auto it = joins_.find(process_set);
+    if (it == joins_.end()) return nullptr;
+    auto e = std::move(it->second);
+    joins_.erase(it);
+    return e;
+  }
 
   // Whether anything awaits the peers.
-  bool awaiting() const noexcept { return !by_name_.empty() || join_ != nullptr; }
+  bool awaiting() const noexcept { return !by_name_.empty() || !joins_.empty(); }
 
   // Removes and returns everything, for failing it.
   std::vector<std::shared_ptr<Entry>> drain() {
     std::vector<std::shared_ptr<Entry>> all;
-    for (auto& [name, e] : by_name_) all.push_back(std::move(e));
+    for (auto& [key, e] : by_name_) all.push_back(std::move(e));
     by_name_.clear();
-    queued_.clear();  // each queued entry is in by_name_, or is the join
-    if (join_) all.push_back(std::move(join_));
+    queued_.clear();  // each queued entry is in by_name_, or is a join
+    for (auto& [set, e] : joins_) all.push_back(std::move(e));
+    joins_.clear();
     return all;
   }
 
  private:
-  std::unordered_map<std::string, std::shared_ptr<Entry>> by_name_;
+  static std::string set_text(std::int32_t process_set) {
+    return process_set == 0 ? std::string() : fmt::format(" on process set {}", process_set);
+  }
+
+  std::unordered_map<OpKey, std::shared_ptr<Entry>, OpKeyHash> by_name_;
   std::vector<std::shared_ptr<Entry>> queued_;
-  std::shared_ptr<Entry> join_;
+  std::unordered_map<std::int32_t, std::shared_ptr<Entry>> joins_;  // by process set
 };
 
 }  // namespace dtrain::detail

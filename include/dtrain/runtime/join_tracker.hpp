@@ -13,6 +13,9 @@
 // [Negotiation] in runtime/coordinator.hpp), and which ops accept joined ranks is Note [Validation
 // across ranks] (runtime/cross_rank_validation.hpp). Once the join is over, by completing or
 // failing, every rank counts again.
+//
+// Each process set has a join of its own, among its members: a rank that joined one set still
+// takes part in the others' ops, and join() on the world is the world's.
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -23,6 +26,7 @@
 #include <fmt/ranges.h>
 
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/set_members.hpp"
 
 namespace dtrain::detail {
 
@@ -30,10 +34,18 @@ class JoinTracker {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // For a world of `size` ranks; the join times out after `op_timeout_seconds` of silence from
-  // the ranks it waits for (0: never).
+  // For the members of a process set; the join times out after `op_timeout_seconds` of silence
+  // from the ranks it waits for (0: never).
+  JoinTracker(const SetMembers& members, double op_timeout_seconds)
+      : op_timeout_seconds_(op_timeout_seconds), process_set_(members.id()),
+        on_set_(members.label()), member_(static_cast<std::size_t>(members.world_size()), false),
+        joined_(member_.size(), false), last_heard_(member_.size()) {
+    for (std::int32_t r : members.ranks()) member_[static_cast<std::size_t>(r)] = true;
+    member_count_ = members.count();
+  }
+  // For a world of `size` ranks.
   JoinTracker(int size, double op_timeout_seconds)
-      : op_timeout_seconds_(op_timeout_seconds), joined_(size, false), last_heard_(size) {}
+      : JoinTracker(SetMembers::world(size), op_timeout_seconds) {}
 
   // Rank `rank` sent requests at `now`: it is not silent.
   void heard_from(int rank, Clock::time_point now) { last_heard_[rank] = now; }
@@ -54,7 +66,7 @@ class JoinTracker {
   Clock::time_point quiet_since() const {
     Clock::time_point t = started_;
     for (std::size_t r = 0; r < joined_.size(); ++r)
-      if (!joined_[r]) t = std::max(t, last_heard_[r]);
+      if (member_[r] && !joined_[r]) t = std::max(t, last_heard_[r]);
     return t;
   }
 
@@ -72,24 +84,26 @@ class JoinTracker {
     Response j;
     j.kind = OpKind::join;
     j.names = {"join"};
-    if (joined_count_ == static_cast<int>(joined_.size())) {
+    j.process_set = process_set_;
+    if (joined_count_ == member_count_) {
       j.last_joined_rank = last_joined_;
     } else {
       std::vector<int> gone;
-      for (std::size_t r = 0; r < joined_.size(); ++r)
-        if (!joined_[r] && shut_down[r]) gone.push_back(static_cast<int>(r));
+      for (int r : ranks(false))
+        if (shut_down[static_cast<std::size_t>(r)]) gone.push_back(r);
       if (!gone.empty()) {
         j.error = ErrorKind::shutdown;
         j.error_message = fmt::format(
-            "dtrain: join() can never complete: ranks [{}] called dtrain::shutdown() without "
+            "dtrain: join(){} can never complete: ranks [{}] called dtrain::shutdown() without "
             "joining (joined: ranks [{}])",
-            fmt::join(gone, ", "), fmt::join(ranks(true), ", "));
+            on_set_, fmt::join(gone, ", "), fmt::join(ranks(true), ", "));
       } else if (op_timeout_seconds_ > 0 && now - quiet_since() >= op_timeout()) {
         j.error = ErrorKind::timeout;
         j.error_message = fmt::format(
-            "dtrain: join() timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks [{}] have "
+            "dtrain: join(){} timed out after {} s (DTRAIN_OP_TIMEOUT_SECONDS): ranks [{}] have "
             "neither joined nor submitted any op for that long (joined: ranks [{}])",
-            op_timeout_seconds_, fmt::join(ranks(false), ", "), fmt::join(ranks(true), ", "));
+            on_set_, op_timeout_seconds_, fmt::join(ranks(false), ", "),
+            fmt::join(ranks(true), ", "));
       } else {
         return std::nullopt;
       }
@@ -104,9 +118,9 @@ class JoinTracker {
   // The join's line in the coordinator's report of what is pending, or "" when none is under way.
   std::string describe(Clock::time_point now) const {
     if (!active()) return {};
-    return fmt::format("\n  join: joined by ranks [{}], waiting for ranks [{}], from which no "
+    return fmt::format("\n  join{}: joined by ranks [{}], waiting for ranks [{}], from which no "
                        "request has come for {:.1f} s",
-                       fmt::join(ranks(true), ", "), fmt::join(ranks(false), ", "),
+                       on_set_, fmt::join(ranks(true), ", "), fmt::join(ranks(false), ", "),
                        std::chrono::duration<double>(now - quiet_since()).count());
   }
 
@@ -115,15 +129,19 @@ class JoinTracker {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(op_timeout_seconds_));
   }
-  // The ranks that have joined (`joined`: true) or not, ascending.
+  // The members that have joined (`joined`: true) or not, ascending.
   std::vector<int> ranks(bool joined) const {
     std::vector<int> out;
     for (std::size_t r = 0; r < joined_.size(); ++r)
-      if (joined_[r] == joined) out.push_back(static_cast<int>(r));
+      if (member_[r] && joined_[r] == joined) out.push_back(static_cast<int>(r));
     return out;
   }
 
   double op_timeout_seconds_;
+  std::int32_t process_set_;
+  std::string on_set_;        // SetMembers::label()
+  std::vector<bool> member_;  // by world rank
+  int member_count_ = 0;
   std::vector<bool> joined_;
   int joined_count_ = 0;
   int last_joined_ = -1;

@@ -20,7 +20,8 @@ namespace dtrain::detail {
 enum class ErrorKind : std::uint8_t { none, mismatch, invalid_argument, shutdown, timeout };
 
 // One unit of work every rank executes in the same order: a (possibly fused) collective, a join
-// completion, or an error for the named ops.
+// completion, or an error for the named ops. The members of its process set run it; the other
+// ranks skip it (Note [Process sets] in runtime/coordinator.hpp).
 struct Response {
   OpKind kind = OpKind::allreduce;
   std::vector<std::string> names;
@@ -30,10 +31,17 @@ struct Response {
   ReduceOp reduce_op = ReduceOp::Sum;
   double prescale = 1.0;
   double postscale = 1.0;
-  std::int32_t root = 0;
-  std::vector<std::int64_t> shape;      // allgather/broadcast: shape of rank `root`'s tensor
-  std::vector<std::int64_t> rank_rows;  // allgather: dim 0 of every rank (0 for joined ranks)
+  std::int32_t root = 0;                // broadcast: the root's rank within the process set
+  std::vector<std::int64_t> shape;      // allgather/broadcast: shape of the first rank's tensor
+  // allgather: dim 0 of every member, in set rank order (0 for joined ranks), for each name in
+  // turn: names.size() x set size entries.
+  std::vector<std::int64_t> rank_rows;
+  std::vector<std::int64_t> row_numels;  // allgather: per name, elements of one dim-0 row
   std::int32_t active_ranks = 0;        // ranks that did not join; Average divides by this
+  // The process set that runs it. add_process_set: the id of the set it creates, whose world
+  // ranks (ascending) are `set_ranks`; every rank of the world runs it.
+  std::int32_t process_set = 0;
+  std::vector<std::int32_t> set_ranks;
   std::int32_t last_joined_rank = -1;   // join
   ErrorKind error = ErrorKind::none;
   std::string error_message;
@@ -57,8 +65,9 @@ struct Response {
   template <class Self>
   static auto tie_fields(Self& s) {
     return std::tie(s.kind, s.names, s.numels, s.dtype, s.device, s.reduce_op, s.prescale,
-                    s.postscale, s.root, s.shape, s.rank_rows, s.active_ranks, s.last_joined_rank,
-                    s.error, s.error_message, s.error_ranks);
+                    s.postscale, s.root, s.shape, s.rank_rows, s.row_numels, s.active_ranks,
+                    s.process_set, s.set_ranks, s.last_joined_rank, s.error, s.error_message,
+                    s.error_ranks);
   }
   friend bool operator==(const Response&, const Response&) = default;
 };
@@ -84,10 +93,11 @@ struct RequestMessage {
 struct CacheInsert {
   std::uint64_t id = 0;
   std::string name;
+  std::int32_t process_set = 0;
 
   template <class Self>
   static auto tie_fields(Self& c) {
-    return std::tie(c.id, c.name);
+    return std::tie(c.id, c.name, c.process_set);
   }
   friend bool operator==(const CacheInsert&, const CacheInsert&) = default;
 };

@@ -11,6 +11,7 @@
 #include "dtrain/comm/reduce_op.hpp"
 #include "dtrain/core/build_mode.hpp"
 #include "dtrain/runtime/entry.hpp"
+#include "dtrain/runtime/process_set.hpp"
 #include "dtrain/runtime/request.hpp"
 
 namespace dtrain::detail {
@@ -22,12 +23,13 @@ DTRAIN_API void check_tensor(Request& q, std::int64_t numel, bool has_data);
 // Reduce op and scale factors for the tensor of `q`.
 DTRAIN_API void check_reduction(const Request& q, ReduceOp op, double prescale, double postscale);
 
-// A broadcast root inside a world of `world_size` ranks.
-DTRAIN_API void check_root(const Request& q, int root_rank, int world_size);
+// A broadcast root: a world rank that is a member of the op's process set `set`.
+DTRAIN_API void check_root(const Request& q, int root_rank, const SetOfOp& set);
 
-// Alltoall splits: one non-negative row count per rank, adding up to the tensor's rows.
+// Alltoall splits: one non-negative row count per member of `set`, adding up to the tensor's
+// rows.
 DTRAIN_API void check_splits(const Request& q, std::span<const std::int64_t> splits,
-                             int world_size);
+                             const SetOfOp& set);
 
 // A new entry for `q`, with a fresh completion state.
 DTRAIN_API std::shared_ptr<Entry> new_entry(Request q);

@@ -1,5 +1,6 @@
 #pragma once
 // Definitions of runtime/op_checks.hpp (Note [Build modes] in core/build_mode.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -8,6 +9,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/runtime/device_registry.hpp"
@@ -67,15 +69,23 @@ DTRAIN_API void check_reduction(const Request& q, ReduceOp op, double prescale, 
 }
 
 
-DTRAIN_API void check_root(const Request& q, int root_rank, int world_size) {
-  if (root_rank < 0 || root_rank >= world_size)
+DTRAIN_API void check_root(const Request& q, int root_rank, const SetOfOp& set) {
+  const auto& ranks = *set.ranks;
+  if (std::binary_search(ranks.begin(), ranks.end(), root_rank)) return;
+  const int world_size = set.id == 0 ? static_cast<int>(ranks.size()) : 0;
+  if (set.id == 0)
     throw InvalidArgumentError(fmt::format(
         "dtrain: broadcast '{}': root rank {} is out of range: the world has {} ranks (0..{})",
         q.name, root_rank, world_size, world_size - 1));
+  throw InvalidArgumentError(fmt::format(
+      "dtrain: broadcast '{}' on process set {}: root rank {} is not a member of the set (ranks "
+      "[{}]); the root is the world rank (dtrain::rank()) of one of its members",
+      q.name, set.id, root_rank, fmt::join(ranks, ", ")));
 }
 
 DTRAIN_API void check_splits(const Request& q, std::span<const std::int64_t> splits,
-                             int world_size) {
+                             const SetOfOp& set) {
+  const int ranks = static_cast<int>(set.ranks->size());
   std::int64_t sum = 0;
   for (auto v : splits) {
     if (v < 0)
@@ -83,11 +93,13 @@ DTRAIN_API void check_splits(const Request& q, std::span<const std::int64_t> spl
                                              q.name, fmt::join(splits, ", ")));
     sum += v;
   }
-  if (static_cast<int>(splits.size()) != world_size)
+  if (static_cast<int>(splits.size()) != ranks)
     throw InvalidArgumentError(fmt::format(
-        "dtrain: alltoall '{}': {} splits given but the world has {} ranks: give one row "
-        "count per destination rank",
-        q.name, splits.size(), world_size));
+        "dtrain: alltoall '{}': {} splits given but {} has {} ranks: give one row count per "
+        "destination rank{}",
+        q.name, splits.size(),
+        set.id == 0 ? std::string("the world") : fmt::format("process set {}", set.id), ranks,
+        set.id == 0 ? "" : ", in the set's rank order"));
   if (sum != q.dim0())
     throw InvalidArgumentError(fmt::format(
         "dtrain: alltoall '{}': splits [{}] add up to {} rows but the tensor has {} rows (dim 0)",

@@ -10,9 +10,13 @@
 // the job on every rank (RequestMessage::fatal): the program expected that call to pair with
 // one on each peer, and a peer that made it from its init thread would otherwise go on pairing
 // its calls with unrelated ones.
+//
+// Each process set counts its own calls: its n-th unnamed allreduce pairs with the n-th of each
+// other member, whatever else each member calls on other sets. Names are unique per set (Note
+// [In-flight table]), so two sets' "allreduce.0" are two ops.
 #include <array>
-#include <atomic>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <thread>
@@ -28,11 +32,11 @@ class OpNamer {
   // The owner of unnamed ops is the thread that constructs the namer (the init thread).
   OpNamer() = default;
 
-  // The next generated name of `kind`, or nothing when the calling thread may not make unnamed
-  // ops (the caller then ends the job with why_refused()).
-  std::optional<std::string> next(OpKind kind) {
+  // The next generated name of `kind` on `process_set`, or nothing when the calling thread may
+  // not make unnamed ops (the caller then ends the job with why_refused()).
+  std::optional<std::string> next(OpKind kind, std::int32_t process_set = 0) {
     if (std::this_thread::get_id() != owner_) return std::nullopt;
-    const auto n = counters_[static_cast<std::size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+    const auto n = counters_[process_set][static_cast<std::size_t>(kind)]++;
     return fmt::format("{}.{}", kind, n);
   }
 
@@ -48,7 +52,8 @@ class OpNamer {
 
  private:
   const std::thread::id owner_ = std::this_thread::get_id();
-  std::array<std::atomic<std::uint64_t>, 8> counters_{};  // by OpKind
+  // By process set, then by OpKind; only the owner thread touches them.
+  std::map<std::int32_t, std::array<std::uint64_t, 8>> counters_;
 };
 
 }  // namespace dtrain::detail

@@ -20,7 +20,7 @@ struct Verdict {
 
 struct ReadyOp {
   Request request;                        // canonical: the first submitting rank's request
-  std::vector<std::int64_t> rank_rows;    // allgather: dim 0 of every rank (0 for joined ranks)
+  std::vector<std::int64_t> rank_rows;    // allgather: dim 0 of every member, in set rank order
   std::int32_t contributors = 0;          // ranks that submitted it; the others have joined
   ErrorKind error = ErrorKind::none;
   std::string message;
@@ -38,9 +38,14 @@ struct ReadyOp {
   }
 
   bool failed() const noexcept { return error != ErrorKind::none; }
-  // What the op adds to a fusion buffer.
+  // What the op adds to a fusion buffer: its tensor, or for an allgather every rank's rows.
   std::int64_t bytes() const {
-    return request.numel() * static_cast<std::int64_t>(element_size(request.dtype));
+    std::int64_t elements = request.numel();
+    if (request.kind == OpKind::allgather && !failed()) {
+      elements = 0;
+      for (std::int64_t rows : rank_rows) elements += rows * request.row_numel();
+    }
+    return elements * static_cast<std::int64_t>(element_size(request.dtype));
   }
 };
 

@@ -16,7 +16,9 @@
 
 namespace dtrain::detail {
 
-enum class OpKind : std::uint8_t { allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join };
+enum class OpKind : std::uint8_t {
+  allreduce, allgather, broadcast, alltoall, reducescatter, barrier, join, process_set
+};
 
 constexpr std::string_view to_string(OpKind k) noexcept {
   switch (k) {
@@ -27,6 +29,7 @@ constexpr std::string_view to_string(OpKind k) noexcept {
     case OpKind::reducescatter: return "reducescatter";
     case OpKind::barrier: return "barrier";
     case OpKind::join: return "join";
+    case OpKind::process_set: return "add_process_set";
   }
   return "unknown";
 }
@@ -54,8 +57,10 @@ struct Request {
   double postscale = 1.0;
   std::int32_t root = 0;
   std::vector<std::int64_t> shape;
-  std::string group;             // grouped_allreduce: members complete together
+  std::string group;             // grouped ops: members complete together
   std::int32_t group_size = 0;
+  std::int32_t process_set = 0;  // the set it runs on (0: the world); names are unique per set
+  std::vector<std::int32_t> set_ranks;  // add_process_set: the new set's world ranks, ascending
   std::string rejected;          // non-empty: the rank refused its own call, and why (Note [Failed ops])
 
   std::int64_t numel() const { return detail::numel(shape); }
@@ -67,7 +72,7 @@ struct Request {
   template <class Self>
   static auto tie_metadata(Self& q) {
     return std::tie(q.kind, q.dtype, q.device, q.reduce_op, q.prescale, q.postscale, q.root,
-                    q.shape, q.group, q.group_size);
+                    q.shape, q.group, q.group_size, q.process_set, q.set_ranks);
   }
   template <class Self>
   static auto tie_fields(Self& q) {

@@ -8,7 +8,8 @@
 // the same metadata sends only the id. Only the coordinator inserts and evicts, so every rank's
 // mirror changes in the same order; an evicted id stays resolvable ("retired") until every rank
 // has applied the message that evicted it, so a rank that sent an id just before learning of its
-// eviction is still understood.
+// eviction is still understood. An entry stands for a name within its process set (the set is
+// part of the negotiated metadata), so sets that use the same names keep entries of their own.
 #include <algorithm>
 #include <cstdint>
 #include <list>
@@ -22,6 +23,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/op_key.hpp"
 
 namespace dtrain::detail {
 
@@ -45,19 +47,20 @@ class ResponseCache {
     if (capacity_ <= 0) return;
     if (q.kind != OpKind::allreduce && q.kind != OpKind::broadcast && q.kind != OpKind::reducescatter)
       return;
-    if (auto it = cache_.find(q.name); it != cache_.end()) {
+    OpKey key = OpKey::of(q);
+    if (auto it = cache_.find(key); it != cache_.end()) {
       if (it->second.meta.same_metadata(q)) {
         lru_.splice(lru_.begin(), lru_, it->second.lru);
         return;
       }
-      evict(q.name, msg, seq);
+      evict(key, msg, seq);
     }
     if (static_cast<std::int64_t>(cache_.size()) >= capacity_) evict(lru_.back(), msg, seq);
     const std::uint64_t id = next_id_++;
-    lru_.push_front(q.name);
-    cache_.emplace(q.name, Entry{id, q, lru_.begin()});
-    by_id_.emplace(id, q.name);
-    msg.cache_inserts.push_back({id, q.name});
+    lru_.push_front(key);
+    cache_.emplace(key, Entry{id, q, lru_.begin()});
+    by_id_.emplace(id, key);
+    msg.cache_inserts.push_back({id, q.name, q.process_set});
   }
 
   // A new capacity (the autotuner switching the cache off or on): entries beyond it are evicted
@@ -80,15 +83,15 @@ class ResponseCache {
   struct Entry {
     std::uint64_t id;
     Request meta;
-    std::list<std::string>::iterator lru;
+    std::list<OpKey>::iterator lru;
   };
   struct Retired {
     Request meta;
     std::uint64_t evicted_in;  // sequence number of the message that evicted it
   };
 
-  void evict(const std::string& name, ResponseMessage& msg, std::uint64_t seq) {
-    auto it = cache_.find(name);
+  void evict(OpKey key, ResponseMessage& msg, std::uint64_t seq) {
+    auto it = cache_.find(key);
     const std::uint64_t id = it->second.id;
     retired_.emplace(id, Retired{it->second.meta, seq});
     by_id_.erase(id);
@@ -98,10 +101,10 @@ class ResponseCache {
   }
 
   std::int64_t capacity_;
-  std::unordered_map<std::string, Entry> cache_;
-  std::unordered_map<std::uint64_t, std::string> by_id_;
+  std::unordered_map<OpKey, Entry, OpKeyHash> cache_;
+  std::unordered_map<std::uint64_t, OpKey> by_id_;
   std::map<std::uint64_t, Retired> retired_;
-  std::list<std::string> lru_;
+  std::list<OpKey> lru_;
   std::uint64_t next_id_ = 1;
 };
 
@@ -111,14 +114,14 @@ class CacheMirror {
   // The id to send instead of `q`, when the coordinator knows `q` by name with the same metadata.
   std::optional<std::uint64_t> id_for(const Request& q) const {
     if (!q.rejected.empty()) return std::nullopt;
-    auto it = by_name_.find(q.name);
+    auto it = by_name_.find(OpKey::of(q));
     if (it == by_name_.end() || !it->second.request.same_metadata(q)) return std::nullopt;
     return it->second.id;
   }
 
-  void insert(std::uint64_t id, const std::string& name, const Request& q) {
-    by_name_[name] = Known{id, q};
-    names_[id] = name;
+  void insert(std::uint64_t id, const Request& q) {
+    by_name_[OpKey::of(q)] = Known{id, q};
+    names_[id] = OpKey::of(q);
   }
 
   void evict(std::uint64_t id) {
@@ -134,8 +137,8 @@ class CacheMirror {
     std::uint64_t id;
     Request request;
   };
-  std::unordered_map<std::string, Known> by_name_;
-  std::unordered_map<std::uint64_t, std::string> names_;
+  std::unordered_map<OpKey, Known, OpKeyHash> by_name_;
+  std::unordered_map<std::uint64_t, OpKey> names_;
 };
 
 }  // namespace dtrain::detail

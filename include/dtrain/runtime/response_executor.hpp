@@ -2,8 +2,11 @@
 // The execution of responses on the engine thread: for each response this rank is told to run, in
 // the coordinator's order, take this rank's entries of its ops out of the in-flight table, run the
 // collective on the backend of their memory under the watchdog's deadline, count it, and complete
-// the entries (or fail them with the response's error). The host backend is built with the
-// engine; a device backend when the first device response arrives.
+// the entries (or fail them with the response's error). Each process set this rank belongs to
+// runs on communicators and backends of its own: the world's host backend is built with the
+// engine, a set's when the response that creates the set runs, a device backend when the set's
+// first device response arrives. Responses of sets this rank is not in are skipped without a
+// call to MPI (Note [Process sets] in runtime/coordinator.hpp).
 #include <mpi.h>
 
 #include <algorithm>
@@ -11,9 +14,11 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -26,8 +31,10 @@
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/host_backend.hpp"
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/op_key.hpp"
 #include "dtrain/runtime/op_state.hpp"
 #include "dtrain/runtime/timeline.hpp"
+#include "dtrain/runtime/topology.hpp"
 #include "dtrain/runtime/watchdog.hpp"
 
 namespace dtrain::detail {
@@ -37,30 +44,67 @@ class ResponseExecutor {
   using Clock = std::chrono::steady_clock;
 
   struct Context {
-    int rank = 0;
+    int rank = 0;  // in the world
     const Config* config = nullptr;
-    MPI_Comm data_comm = MPI_COMM_NULL;
-    HierarchyComms hierarchy;
+    MPI_Comm data_comm = MPI_COMM_NULL;  // the world's
+    HierarchyComms hierarchy;            // the world's
+    std::vector<int> host_of_rank;       // world rank -> host index; empty: unknown
     Timeline* timeline = nullptr;  // rank 0
     EngineCounters* counters = nullptr;
     Watchdog* watchdog = nullptr;
     // This rank's entry of an op, removed from the in-flight table (null: none, e.g. joined).
-    std::function<std::shared_ptr<Entry>(const std::string& name)> take;
-    std::function<std::shared_ptr<Entry>()> take_join;
+    std::function<std::shared_ptr<Entry>(const OpKey& key)> take;
+    std::function<std::shared_ptr<Entry>(std::int32_t process_set)> take_join;
+    // Process set `id` of world ranks `ranks` exists from now on (for the submitting threads).
+    std::function<void(std::int32_t id, std::vector<int> ranks)> set_created;
   };
 
   ResponseExecutor(Context context, const HostBackend::Options& host)
-      : ctx_(std::move(context)), host_(host) {}
+      : ctx_(std::move(context)), host_options_(host), pipeline_(host.pipeline),
+        hierarchical_(ctx_.config && ctx_.config->hierarchical_allreduce) {
+    SetRun& world = sets_[0];
+    world.data = ctx_.data_comm;
+    world.hierarchy = ctx_.hierarchy;
+    world.host = std::make_unique<HostBackend>(host);
+  }
 
-  HostBackend& host() noexcept { return host_; }
-  const HostBackend& host() const noexcept { return host_; }
-  // Before the communicators a device backend may use are freed.
-  void release_device() noexcept { device_.reset(); }
+  // The autotuner's settings, applied by every rank at the same response message (Note [Applying
+  // tuned settings] in runtime/engine_autotuner.hpp), to every set.
+  void retune(bool pipeline, bool hierarchical) {
+    pipeline_ = pipeline;
+    hierarchical_ = hierarchical;
+    for (auto& [id, run] : sets_) run.host->retune(pipeline, hierarchical);
+  }
+  std::uint64_t buffer_allocations() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& [id, run] : sets_) n += run.host ? run.host->buffer_allocations() : 0;
+    return n;
+  }
+  // Frees the backends and the sets' communicators, before the world's (which the engine owns)
+  // are freed.
+  void release_sets() noexcept {
+    for (auto& [id, run] : sets_) {
+      run.device.reset();
+      run.host.reset();
+      if (!run.owns_comms) continue;
+      if (run.hierarchy.local != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.local);
+      if (run.hierarchy.cross != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.cross);
+      if (run.data != MPI_COMM_NULL) MPI_Comm_free(&run.data);
+    }
+    sets_.clear();
+  }
 
   void execute(const Response& r, Clock::time_point arrival) {
+    if (r.kind == OpKind::process_set) {
+      create_set(r);
+      return;
+    }
+    auto set = sets_.find(r.process_set);
+    if (set == sets_.end()) return;  // not a member: nothing of this rank's, no MPI call
+    SetRun& run = set->second;
     if (!r.applies_to(ctx_.rank)) return;
     if (r.kind == OpKind::join) {
-      std::shared_ptr<Entry> j = ctx_.take_join();
+      std::shared_ptr<Entry> j = ctx_.take_join(r.process_set);
       if (!j) return;
       if (r.error != ErrorKind::none) {
         j->state->complete(make_error(r.error, r.error_message));
@@ -72,7 +116,7 @@ class ResponseExecutor {
     }
     std::vector<std::shared_ptr<Entry>> owned;
     owned.reserve(r.names.size());
-    for (const auto& name : r.names) owned.push_back(ctx_.take(name));
+    for (const auto& name : r.names) owned.push_back(ctx_.take(OpKey{r.process_set, name}));
     if (r.error != ErrorKind::none) {
       for (auto& e : owned)
         if (e) e->state->complete(make_error(r.error, r.error_message));
@@ -80,8 +124,8 @@ class ResponseExecutor {
     }
     entries_.clear();
     for (auto& e : owned) entries_.push_back(e.get());
-    Backend* backend = &host_;
-    if (r.device.is_cuda()) backend = device_backend();
+    Backend* backend = run.host.get();
+    if (r.device.is_cuda()) backend = device_backend(run);
     ctx_.watchdog->executing(r.names.empty() ? std::string() : r.names.front(), to_string(r.kind), &owned);
     const auto started = Clock::now();
     try {
@@ -157,13 +201,23 @@ class ResponseExecutor {
       case OpKind::alltoall: return Counter::alltoall_bytes;
       case OpKind::reducescatter: return Counter::reducescatter_bytes;
       case OpKind::barrier:
-      case OpKind::join: break;
+      case OpKind::join:
+      case OpKind::process_set: break;
     }
     return std::nullopt;
   }
 
-  Backend* device_backend() {
-    if (!device_) {
+  // What this rank runs one process set's responses with.
+  struct SetRun {
+    MPI_Comm data = MPI_COMM_NULL;
+    HierarchyComms hierarchy;  // invalid where the engine has no host layout
+    bool owns_comms = false;   // the world's belong to the engine
+    std::unique_ptr<HostBackend> host;
+    std::unique_ptr<Backend> device;
+  };
+
+  Backend* device_backend(SetRun& run) {
+    if (!run.device) {
       auto factory = device_backend_factory();
       if (!factory)
         throw InvalidArgumentError("dtrain: a device (CUDA) tensor reached the engine, but this "
@@ -171,19 +225,57 @@ class ResponseExecutor {
                                    "<dtrain/cuda.hpp> and link dtrain::cuda");
       BackendContext ctx;
       ctx.config = ctx_.config;
-      ctx.data_comm = ctx_.data_comm;
-      ctx.hierarchy = ctx_.hierarchy;
+      ctx.data_comm = run.data;
+      ctx.hierarchy = run.hierarchy;
       ctx.stats = ctx_.counters;
       ctx.timeline = ctx_.timeline;
-      device_ = factory(ctx);
+      run.device = factory(ctx);
     }
-    return device_.get();
+    return run.device.get();
   }
 
+  // Runs add_process_set: every rank of the world splits the world's data communicator (one
+  // collective, in the coordinator's order like any other), members keep the part that is theirs
+  // and, where the engine knows the hosts, split it by host for hierarchical allreduce.
+  void create_set(const Response& r) {
+    // An error for other ranks' submissions leaves this rank's own in flight (Note [Failed ops]).
+    if (!r.applies_to(ctx_.rank)) return;
+    std::shared_ptr<Entry> e = ctx_.take(OpKey{0, r.names.front()});
+    if (r.error != ErrorKind::none) {
+      if (e) e->state->complete(make_error(r.error, r.error_message));
+      return;
+    }
+    const bool member = std::binary_search(r.set_ranks.begin(), r.set_ranks.end(), ctx_.rank);
+    std::vector<std::shared_ptr<Entry>> owned{e};
+    ctx_.watchdog->executing(r.names.front(), to_string(r.kind), &owned);
+    SetRun run;
+    mpi_check(MPI_Comm_split(ctx_.data_comm, member ? 0 : MPI_UNDEFINED, ctx_.rank, &run.data),
+              "MPI_Comm_split (add_process_set)");
+    if (member) {
+      MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
+      run.owns_comms = true;
+      if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
+        run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
+      HostBackend::Options o = host_options_;
+      o.comm = run.data;
+      o.hierarchy = run.hierarchy;
+      o.pipeline = pipeline_;
+      o.hierarchical = hierarchical_ && run.hierarchy.valid();
+      run.host = std::make_unique<HostBackend>(o);
+      sets_.emplace(r.process_set, std::move(run));
+    }
+    ctx_.watchdog->finished();
+    ctx_.set_created(r.process_set, std::vector<int>(r.set_ranks.begin(), r.set_ranks.end()));
+    if (!e) return;
+    if (e->set_created) e->set_created(r.process_set);
+    e->state->complete();
+  }
 
   Context ctx_;
-  HostBackend host_;
-  std::unique_ptr<Backend> device_;
+  HostBackend::Options host_options_;  // the world's; a set's differ in their communicators
+  bool pipeline_ = true;
+  bool hierarchical_ = false;          // asked for; a set's backend also needs host communicators
+  std::map<std::int32_t, SetRun> sets_;  // the sets this rank is a member of, by id
   std::vector<Entry*> entries_;  // of the response being executed, reused
 };
 

@@ -6,7 +6,9 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,47 @@ struct Topology {
     if (cross_comm != MPI_COMM_NULL) MPI_Comm_free(&cross_comm);
   }
 };
+
+// Where one member of a group of ranks (the world, or a process set) sits among the group's hosts.
+struct HostLayout {
+  std::vector<int> local_sizes;  // members per host, hosts in order of their first member
+  int host = 0;                  // this member's host, an index into local_sizes
+  int local_rank = 0, local_size = 1;
+  int cross_rank = 0, cross_size = 1;
+  bool homogeneous = true;
+};
+
+// The layout of member `me` of a group whose member i runs on host `host_of[i]` (any id per
+// host). Cross rank: position among the members with the same local rank, in host order.
+inline HostLayout host_layout(std::span<const int> host_of, std::size_t me) {
+  HostLayout l;
+  std::vector<int> hosts;  // ids, in order of their first member
+  for (std::size_t i = 0; i < host_of.size(); ++i) {
+    auto it = std::find(hosts.begin(), hosts.end(), host_of[i]);
+    const int h = static_cast<int>(it - hosts.begin());
+    if (it == hosts.end()) {
+      hosts.push_back(host_of[i]);
+      l.local_sizes.push_back(0);
+    }
+    if (i == me) {
+      l.host = h;
+      l.local_rank = l.local_sizes[static_cast<std::size_t>(h)];
+    }
+    ++l.local_sizes[static_cast<std::size_t>(h)];
+  }
+  l.local_size = l.local_sizes[static_cast<std::size_t>(l.host)];
+  l.homogeneous = std::all_of(l.local_sizes.begin(), l.local_sizes.end(),
+                              [&](int n) { return n == l.local_sizes.front(); });
+  l.cross_rank = 0;
+  l.cross_size = 0;
+  for (std::size_t h = 0; h < l.local_sizes.size(); ++h) {
+    if (l.local_sizes[h] > l.local_rank) {
+      if (static_cast<int>(h) < l.host) ++l.cross_rank;
+      ++l.cross_size;
+    }
+  }
+  return l;
+}
 
 inline std::string host_name() {
   char buf[256] = {};
@@ -90,24 +133,13 @@ inline Topology make_topology(MPI_Comm world, const std::string& host_id_overrid
     t.host_of_rank[r] = static_cast<int>(it - hosts.begin());
     if (it == hosts.end()) hosts.push_back(h);
   }
-  t.local_sizes.assign(hosts.size(), 0);
-  t.local_rank = 0;
-  for (int r = 0; r < t.size; ++r) {
-    if (t.host_of_rank[r] == t.host_of_rank[t.rank] && r < t.rank) ++t.local_rank;
-    ++t.local_sizes[t.host_of_rank[r]];
-  }
-  t.local_size = t.local_sizes[t.host_of_rank[t.rank]];
-  t.homogeneous = std::all_of(t.local_sizes.begin(), t.local_sizes.end(),
-                              [&](int s) { return s == t.local_sizes.front(); });
-  // Cross rank: position among ranks with the same local rank, in host order.
-  t.cross_rank = 0;
-  t.cross_size = 0;
-  for (std::size_t h = 0; h < hosts.size(); ++h) {
-    if (t.local_sizes[h] > t.local_rank) {
-      if (static_cast<int>(h) < t.host_of_rank[t.rank]) ++t.cross_rank;
-      ++t.cross_size;
-    }
-  }
+  const HostLayout l = host_layout(t.host_of_rank, static_cast<std::size_t>(t.rank));
+  t.local_sizes = l.local_sizes;
+  t.local_rank = l.local_rank;
+  t.local_size = l.local_size;
+  t.cross_rank = l.cross_rank;
+  t.cross_size = l.cross_size;
+  t.homogeneous = l.homogeneous;
   mpi_check(MPI_Comm_split(world, t.host_of_rank[t.rank], t.local_rank, &t.local_comm),
             "MPI_Comm_split");
   mpi_check(MPI_Comm_split(world, t.local_rank, t.cross_rank, &t.cross_comm), "MPI_Comm_split");
@@ -130,6 +162,34 @@ inline HierarchyComms duplicate_hierarchy(const Topology& t) {
   h.hosts = static_cast<int>(t.local_sizes.size());
   h.parts = t.local_sizes.empty() ? 1 : *std::min_element(t.local_sizes.begin(), t.local_sizes.end());
   h.homogeneous = t.homogeneous;
+  return h;
+}
+
+// The host communicators of a process set, split from its communicator `set_comm`: the members on
+// this rank's host, and the members with this rank's local rank across hosts (Note [Hierarchical
+// parts] in comm/hierarchical.hpp, within the set). `members`: the set's world ranks, ascending;
+// `host_of_rank`: every world rank's host. Collective over `set_comm`.
+inline HierarchyComms split_hierarchy(MPI_Comm set_comm, std::span<const std::int32_t> members,
+                                      std::span<const int> host_of_rank, int world_rank) {
+  std::vector<int> host_of;
+  std::size_t me = 0;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    host_of.push_back(host_of_rank[static_cast<std::size_t>(members[i])]);
+    if (members[i] == world_rank) me = i;
+  }
+  const HostLayout l = host_layout(host_of, me);
+  HierarchyComms h;
+  mpi_check(MPI_Comm_split(set_comm, l.host, l.local_rank, &h.local), "MPI_Comm_split");
+  mpi_check(MPI_Comm_split(set_comm, l.local_rank, l.cross_rank, &h.cross), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(h.local, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(h.cross, MPI_ERRORS_RETURN);
+  h.local_rank = l.local_rank;
+  h.local_size = l.local_size;
+  h.cross_rank = l.cross_rank;
+  h.cross_size = l.cross_size;
+  h.hosts = static_cast<int>(l.local_sizes.size());
+  h.parts = *std::min_element(l.local_sizes.begin(), l.local_sizes.end());
+  h.homogeneous = l.homogeneous;
   return h;
 }
 
