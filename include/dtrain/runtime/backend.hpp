@@ -19,6 +19,7 @@
 #include "dtrain/runtime/device_registry.hpp"
 #include "dtrain/runtime/engine_counters.hpp"
 #include "dtrain/runtime/entry.hpp"
+#include "dtrain/runtime/messages.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
 namespace dtrain::detail {
