@@ -21,13 +21,16 @@
 // gets with batch N*b and the loss averaged over it.
 //
 // Numerics: the sum of squares cancels badly when the mean is large against the spread (var =
-// E[x^2] - mean^2). Each rank therefore computes its mean and variance with torch::var_mean (an
-// accurate two-pass/Welford reduction in the input's precision, float at least), and the sums are
-// rebuilt from them in float64: sum = n*mean, sum of squares = n*(var + mean^2). The allreduce and
-// the global mean and variance are float64, so the cancellation costs float64 rounding, not
-// float32's. The output is computed in float (double for double inputs) as x*scale + shift, the
-// form libtorch's own CPU kernel uses, and returned in the input's dtype (float16 and bfloat16
-// inputs are normalized in float).
+// E[x^2] - mean^2). Each rank therefore takes its mean and variance from libtorch's batch-norm
+// statistics kernel (accurate, in the input's precision, float at least), and the sums are rebuilt
+// from them in float64: sum = n*mean, sum of squares = n*(var + mean^2). The allreduce and the
+// global mean and variance are float64, so the cancellation costs float64 rounding, not float32's.
+// The per-element work runs in libtorch's fused batch-norm kernels, in float (double for double
+// inputs; float16 and bfloat16 inputs are normalized in float and returned in their dtype): the
+// output through the inference kernel fed the global statistics, this rank's two gradient sums
+// through the backward reduction fed them too, and dx, per channel an affine function of dy and
+// x, in two fused passes. One step then costs about what libtorch's BatchNorm costs, plus the two
+// allreduces (docs/performance.md, "SyncBatchNorm").
 //
 // The global count is read on the host after the allreduce (a device synchronization for CUDA
 // tensors, as in PyTorch's SyncBatchNorm): one value per channel over every rank is an error on
@@ -41,6 +44,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -61,13 +65,6 @@ struct SyncBatchNormStep {
   torch::Tensor unbiased_var;
   double count = 0;
 };
-
-// Dimensions every channel's statistics run over: the batch and the spatial ones.
-inline std::vector<std::int64_t> statistics_dims(std::int64_t input_dim) {
-  std::vector<std::int64_t> dims{0};
-  for (std::int64_t d = 2; d < input_dim; ++d) dims.push_back(d);
-  return dims;
-}
 
 // A per-channel vector shaped to broadcast against an input of `input_dim` dimensions.
 inline torch::Tensor per_channel(const torch::Tensor& v, std::int64_t input_dim) {
@@ -93,17 +90,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
                                const std::optional<torch::Tensor>& weight,
                                const std::optional<torch::Tensor>& bias, SyncBatchNormStep& step) {
     const auto channels = input.size(1);
-    const auto dim = input.dim();
-    const auto dims = statistics_dims(dim);
-    const auto as_double = input.options().dtype(torch::kDouble);
     const auto compute = compute_type(input.scalar_type());
-    const auto local_count = channels == 0 ? 0 : input.numel() / channels;
+    const auto x = input.to(compute);
+    const auto local_count = input.numel() / channels;
 
     // Note [Synchronized batch norm]: [sum, sum of squares, count], float64.
-    auto flat = torch::zeros({2 * channels + 1}, as_double);
+    auto flat = torch::zeros({2 * channels + 1}, input.options().dtype(torch::kDouble));
     if (local_count > 0) {
-      const auto [var, mean] =
-          torch::var_mean(input.to(compute), dims, /*correction=*/c10::Scalar(0));
+      // libtorch's batch-norm statistics kernel: the batch's mean and biased variance.
+      const auto [mean, var] = at::batch_norm_update_stats(x, {}, {}, 0.0);
       const auto n = static_cast<double>(local_count);
       const auto mean64 = mean.to(torch::kDouble);
       flat.narrow(0, 0, channels).copy_(mean64 * n);
@@ -121,6 +116,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     step.count = count;
     ctx->saved_data["count"] = count;
     ctx->saved_data["name"] = step.name;
+    ctx->saved_data["eps"] = step.eps;
     if (count == 0) {  // every rank's batch is empty: nothing to normalize
       ctx->save_for_backward({input, weight.value_or(torch::Tensor()), torch::Tensor(),
                               torch::Tensor()});
@@ -129,18 +125,16 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
 
     const auto mean = flat.narrow(0, 0, channels) / count;
     const auto var = (flat.narrow(0, channels, channels) / count - mean * mean).clamp_min(0.0);
-    const auto invstd = (var + step.eps).rsqrt();
     step.mean = mean;
     step.unbiased_var = var * (count / (count - 1));
-
-    // y = x * scale + shift, scale = w * invstd, shift = b - mean * scale.
-    auto scale = invstd;
-    if (weight) scale = scale * weight->to(torch::kDouble);
-    auto shift = -mean * scale;
-    if (bias) shift = shift + bias->to(torch::kDouble);
-    auto output = torch::addcmul(per_channel(shift.to(compute), dim), input.to(compute),
-                                 per_channel(scale.to(compute), dim));
-    ctx->save_for_backward({input, weight.value_or(torch::Tensor()), mean, invstd});
+    const auto mean_c = mean.to(compute), var_c = var.to(compute);
+    // The global statistics through libtorch's own (fused) inference kernel: x * scale + shift.
+    auto output = torch::batch_norm(x, weight ? weight->to(compute) : torch::Tensor(),
+                                    bias ? bias->to(compute) : torch::Tensor(), mean_c, var_c,
+                                    /*training=*/false, /*momentum=*/0.0, step.eps,
+                                    /*cudnn_enabled=*/true);
+    ctx->save_for_backward({input, weight.value_or(torch::Tensor()), mean_c,
+                            (var_c + step.eps).rsqrt()});
     return output.to(input.scalar_type());
   }
 
@@ -161,29 +155,39 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
               want_bias ? torch::zeros_like(weight) : torch::Tensor(), torch::Tensor()};
     }
 
-    const auto& mean = saved[2];
+    const auto& mean = saved[2];  // the compute dtype, as x and dy below
     const auto& invstd = saved[3];
     const auto dim = input.dim();
     const auto channels = input.size(1);
-    const auto dims = statistics_dims(dim);
     const auto compute = compute_type(input.scalar_type());
+    const auto x = input.to(compute);
     const auto dy = grad_outputs[0].to(compute);
-    const auto x_hat = (input.to(compute) - per_channel(mean.to(compute), dim)) *
-                       per_channel(invstd.to(compute), dim);
-    const auto sum_dy = dy.sum(dims);
-    const auto sum_dy_x_hat = (dy * x_hat).sum(dims);
+    // This rank's sum(dy) and sum(dy * x^), by libtorch's fused batch-norm backward reduction.
+    torch::Tensor sum_dy_x_hat, sum_dy;
+    if (input.numel() > 0) {
+      std::tie(std::ignore, sum_dy_x_hat, sum_dy) = at::native_batch_norm_backward(
+          dy, x, {}, {}, {}, mean, invstd, /*train=*/true, ctx->saved_data["eps"].toDouble(),
+          {false, true, true});
+    } else {
+      sum_dy_x_hat = torch::zeros({channels}, mean.options());
+      sum_dy = torch::zeros({channels}, mean.options());
+    }
 
     auto flat = torch::cat({sum_dy, sum_dy_x_hat}).to(torch::kDouble);
     allreduce_flat(flat, ctx->saved_data["name"].toStringRef(), ".gradients");
 
     torch::Tensor grad_input;
     if (want_input) {
-      const auto mean_dy = (flat.narrow(0, 0, channels) / count).to(compute);
-      const auto mean_dy_x_hat = (flat.narrow(0, channels, channels) / count).to(compute);
-      auto scale = invstd;
-      if (affine) scale = scale * weight.to(torch::kDouble);
-      grad_input = ((dy - per_channel(mean_dy, dim) - x_hat * per_channel(mean_dy_x_hat, dim)) *
-                    per_channel(scale.to(compute), dim))
+      // dx = a * (dy - sum(dy)/n - x^ * sum(dy x^)/n) with a = w * invstd, per channel an affine
+      // function of dy and x: a * dy + c * x + d, two fused passes.
+      const auto mean64 = mean.to(torch::kDouble), invstd64 = invstd.to(torch::kDouble);
+      const auto a = affine ? invstd64 * weight.to(torch::kDouble) : invstd64;
+      const auto k = flat.narrow(0, channels, channels) / count * invstd64;
+      const auto c = -a * k;
+      const auto d = a * (mean64 * k - flat.narrow(0, 0, channels) / count);
+      grad_input = torch::addcmul(per_channel(d.to(compute), dim), x,
+                                  per_channel(c.to(compute), dim))
+                       .addcmul_(dy, per_channel(a.to(compute), dim))
                        .to(input.scalar_type());
     }
     return {grad_input, want_weight ? sum_dy_x_hat.to(weight.scalar_type()) : torch::Tensor(),
