@@ -226,6 +226,18 @@ TEST_CASE("SyncBatchNorm in eval mode uses the running statistics and communicat
 
   CHECK(dtrain::engine_stats().requests_sent == requests);
   CHECK(sync->num_batches_tracked.item<std::int64_t>() == tracked);
+
+  // clone(): the same options (name included) and values, in tensors of its own.
+  const auto copy = std::dynamic_pointer_cast<dtrain::SyncBatchNormImpl>(sync->clone());
+  CHECK(copy != nullptr);
+  if (copy != nullptr) {
+    CHECK(copy->options.name() == sync->options.name());
+    CHECK(copy->options.momentum() == 0.5);
+    CHECK(torch::equal(copy->running_var, sync->running_var));
+    CHECK(copy->running_var.data_ptr() != sync->running_var.data_ptr());
+    CHECK(copy->weight.requires_grad());
+    CHECK(torch::equal(copy->forward(x), sync(x)));
+  }
 }
 
 TEST_CASE("SyncBatchNorm: bad input fails on every rank with an error naming it, never a hang") {

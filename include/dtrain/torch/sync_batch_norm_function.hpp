@@ -29,16 +29,16 @@
 // inputs; float16 and bfloat16 inputs are normalized in float and returned in their dtype): the
 // output through the inference kernel fed the global statistics, this rank's two gradient sums
 // through the backward reduction fed them too, and dx, per channel an affine function of dy and
-// x, in two fused passes. One step then costs about what libtorch's BatchNorm costs, plus the two
-// allreduces (docs/performance.md, "SyncBatchNorm").
+// x, in two fused passes. What SyncBatchNorm adds to libtorch's BatchNorm is then the two
+// allreduces and a few per-channel operations (docs/performance.md, "SyncBatchNorm").
 //
 // The global count is read on the host after the allreduce (a device synchronization for CUDA
 // tensors, as in PyTorch's SyncBatchNorm): one value per channel over every rank is an error on
 // every rank (the variance is undefined, as libtorch's BatchNorm says), and an empty global batch
 // returns an empty output without statistics. Backward always takes part in its allreduce, even
 // where the input needs no gradient, so that no rank depends on another's autograd graph to know
-// whether to communicate. Backward's collectives run in autograd's order, which is the order of
-// forward on every rank that ran the same forward.
+// whether to communicate. Backward's collectives run in autograd's order, which is the same on
+// every rank that ran the same forward.
 #include <torch/torch.h>
 
 #include <cstdint>
