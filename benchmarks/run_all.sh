@@ -44,4 +44,7 @@ for n in $ranks; do
 done
 run "$mpiexec" -n 2 "$bin/bench_idle_cpu" --seconds="$idle_seconds"
 run "$mpiexec" -n 2 "$bin/bench_steady_state_alloc"
+if [[ -x "$bin/bench_sync_batch_norm" ]]; then  # built where libtorch was found
+  run "$mpiexec" -n 2 "$bin/bench_sync_batch_norm"
+fi
 echo "# load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -8,10 +8,12 @@ namespace mask_rcnn {
 
 std::vector<std::string> preset_names() { return {"tiny", "small", "resnet18", "resnet34"}; }
 
-MaskRcnnConfig preset_config(const std::string& preset, std::int64_t num_classes) {
+MaskRcnnConfig preset_config(const std::string& preset, std::int64_t num_classes, Norm norm) {
   MaskRcnnConfig c;
   c.preset = preset;
   c.roi_heads.num_classes = num_classes;
+  c.backbone.norm = norm;
+  c.roi_heads.norm = norm;
   if (preset == "tiny") return c;  // the defaults of the config structs
   if (preset == "small") {
     c.backbone.stem_width = 32;
@@ -82,6 +84,7 @@ constexpr const char* info_key = "mask_rcnn_checkpoint";
 void save_checkpoint(const std::filesystem::path& file, MaskRcnn& model, const CheckpointInfo& info) {
   const nlohmann::json meta = {{"format", 1},
                                {"preset", info.preset},
+                               {"norm", norm_name(info.norm)},
                                {"category_ids", info.category_ids},
                                {"category_names", info.category_names},
                                {"iterations", info.iterations}};
@@ -114,7 +117,9 @@ MaskRcnn load_checkpoint(const std::filesystem::path& file, CheckpointInfo& info
   info.category_ids = json.at("category_ids").get<std::vector<std::int64_t>>();
   info.category_names = json.at("category_names").get<std::vector<std::string>>();
   info.iterations = json.at("iterations").get<std::int64_t>();
-  MaskRcnn model(preset_config(info.preset, static_cast<std::int64_t>(info.category_ids.size())));
+  info.norm = norm_from_name(json.value("norm", "group"));
+  MaskRcnn model(preset_config(info.preset, static_cast<std::int64_t>(info.category_ids.size()),
+                               info.norm));
   model->load(archive);
   return model;
 }

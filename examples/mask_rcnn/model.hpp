@@ -32,7 +32,8 @@ struct MaskRcnnConfig {
 //   resnet34  ResNet-34 depth (3, 4, 6, 3 blocks), as resnet18 otherwise
 std::vector<std::string> preset_names();
 // Throws std::invalid_argument naming the accepted presets.
-MaskRcnnConfig preset_config(const std::string& preset, std::int64_t num_classes);
+MaskRcnnConfig preset_config(const std::string& preset, std::int64_t num_classes,
+                             Norm norm = Norm::group);
 
 class MaskRcnnImpl : public torch::nn::Module {
  public:
@@ -61,6 +62,7 @@ struct CheckpointInfo {
   std::vector<std::int64_t> category_ids;  // label i + 1 is category_ids[i]
   std::vector<std::string> category_names;
   std::int64_t iterations = 0;
+  Norm norm = Norm::group;  // checkpoints written before the option existed have group norm
 };
 
 // Writes the file next to its destination and renames it, so an interrupted run never leaves a

@@ -32,6 +32,9 @@ Data
 
 Training
   --model NAME              tiny (default), small, resnet18, resnet34
+  --norm NAME               after the backbone's and the mask head's convolutions: group
+                            (default), batch (each rank's own statistics) or syncbn (batch
+                            norm over every rank's batch, dtrain::SyncBatchNorm)
   --iterations N            global steps (default 1200)
   --batch-size N            images per step on each rank (default 2)
   --lr X                    SGD learning rate for the global batch (default 0.02); a linear
@@ -82,6 +85,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
                  "MIN,MAX with 32 <= MIN <= MAX", value);
        }},
       {"model", text(o.model)},
+      {"norm", one_of(o.norm, {"group", "batch", "syncbn"})},
       {"iterations", integer(o.iterations, 1)},
       {"batch-size", integer(o.batch_size, 1)},
       {"lr", positive(o.lr)},

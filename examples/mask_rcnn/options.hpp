@@ -26,6 +26,7 @@ struct TrainOptions {
   std::int64_t shapes_max_side = 96;
 
   std::string model = "tiny";
+  std::string norm = "group";      // group | batch | syncbn (backbone and mask head)
   std::int64_t iterations = 1200;  // global steps
   std::int64_t batch_size = 2;     // images per step on each rank
   double lr = 0.02;                // for the global batch (ranks x --batch-size images)

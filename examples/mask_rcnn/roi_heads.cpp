@@ -48,7 +48,7 @@ RoiHeadsImpl::RoiHeadsImpl(const RoiHeadsConfig& config, std::int64_t channels)
     nn::Conv2d c(nn::Conv2dOptions(in, config.mask_head_channels, 3).padding(1).bias(false));
     nn::init::kaiming_normal_(c->weight, 0.0, torch::kFanOut, torch::kReLU);
     convs->push_back(c);
-    convs->push_back(group_norm(config.mask_head_channels, config.norm_groups));
+    convs->push_back(norm_layer(config.mask_head_channels, config.norm_groups, config.norm));
     convs->push_back(nn::ReLU());
     in = config.mask_head_channels;
   }
@@ -130,8 +130,14 @@ Losses RoiHeadsImpl::losses(const std::vector<torch::Tensor>& features,
 
   Losses out{{"box_class", {box_class, total}}, {"box_regression", {box_regression, total}}};
   const auto num_positive = classes.size(0);
-  if (num_positive == 0) {
+  if (num_positive == 0 && config_.norm != Norm::sync_batch) {
     out["mask"] = {torch::zeros({}, logits.options()), 0.0};
+    return out;
+  }
+  if (num_positive == 0) {
+    // Note [Batch norm variants]: the head's collectives run on every rank, this one with an empty
+    // batch, and the zero loss keeps its backward (and that backward's collectives) in the graph.
+    out["mask"] = {mask_head(features, positive_boxes).sum() * 0.0, 0.0};
     return out;
   }
   const auto mask_logits = mask_head(features, positive_boxes);

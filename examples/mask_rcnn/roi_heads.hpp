@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "backbone.hpp"
 #include "box_ops.hpp"
 #include "detection.hpp"
 #include "matcher.hpp"
@@ -23,6 +24,7 @@ struct RoiHeadsConfig {
   std::int64_t mask_head_channels = 64;
   std::int64_t mask_head_convs = 4;
   std::int64_t norm_groups = 8;
+  Norm norm = Norm::group;  // after each mask head convolution (Note [Batch norm variants])
   double foreground_iou = 0.5;
   std::int64_t batch_per_image = 128;
   double positive_fraction = 0.25;

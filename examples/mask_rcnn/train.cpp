@@ -345,7 +345,9 @@ int run(const TrainOptions& o) {
     }
   } else {
     torch::manual_seed(o.seed);
-    model = MaskRcnn(preset_config(o.model, static_cast<std::int64_t>(categories.size())));
+    info.norm = norm_from_name(o.norm);
+    model = MaskRcnn(
+        preset_config(o.model, static_cast<std::int64_t>(categories.size()), info.norm));
     info.preset = o.model;
     for (const auto& c : categories) {
       info.category_ids.push_back(c.id);
@@ -359,10 +361,12 @@ int run(const TrainOptions& o) {
     std::int64_t parameters = 0;
     for (const auto& p : model->parameters()) parameters += p.numel();
     fmt::print(
-        "mask r-cnn {} ({:.2f} M parameters) on {}: {} train / {} eval images, {} classes; {} ranks "
-        "x batch {} = {} images per step, {} iterations, lr {}; {} thread{} per rank on {}; data "
-        "ready in {:.1f} s\n",
-        info.preset, static_cast<double>(parameters) / 1e6, data.description,
+        "mask r-cnn {} ({:.2f} M parameters{}) on {}: {} train / {} eval images, {} classes; {} "
+        "ranks x batch {} = {} images per step, {} iterations, lr {}; {} thread{} per rank on {}; "
+        "data ready in {:.1f} s\n",
+        info.preset, static_cast<double>(parameters) / 1e6,
+        info.norm == Norm::group ? std::string() : ", " + norm_name(info.norm) + " norm",
+        data.description,
         data.train ? data.train->size() : 0,
         data.val ? (o.eval_images > 0 ? std::min(o.eval_images, data.val->size()) : data.val->size()) : 0,
         categories.size(), dtrain::size(), o.batch_size, o.batch_size * dtrain::size(),

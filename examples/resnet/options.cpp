@@ -32,6 +32,9 @@ epoch and gradients are averaged before each step, so the global batch is N x --
                             (default 0; with --scale-lr the peak is --lr x ranks)
   --norm NAME               batch (default) or group: group norm does not depend on how
                             the batch is split across ranks
+  --sync-bn                 batch norm with the statistics of every rank's batch
+                            (dtrain::SyncBatchNorm): N ranks with batch b normalize as one
+                            process with batch N x b
   --stem NAME               resnet18/34/50: auto (default: the small-input 3x3 stem for images
                             of 32 px or less, else the standard 7x7 stride-2 stem and max-pool),
                             standard or small
@@ -111,6 +114,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
   };
   const std::map<std::string, bool*> switches = {{"augment", &o.augment},
                                                  {"scale-lr", &o.scale_lr},
+                                                 {"sync-bn", &o.sync_bn},
                                                  {"resume", &o.resume},
                                                  {"elastic", &o.elastic},
                                                  {"quiet", &o.quiet},
@@ -123,6 +127,9 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
   }
   if (o.elastic && o.checkpoint_dir.empty()) {
     throw UsageError("--elastic needs --checkpoint-dir: each host's own folder for the commits");
+  }
+  if (o.sync_bn && o.norm != "batch") {
+    throw UsageError("--sync-bn synchronizes batch norm; --norm " + o.norm + " has none");
   }
   if ((o.crash_rank >= 0) != (o.crash_after_step > 0)) {
     throw UsageError("--crash-rank and --crash-after-step go together");

@@ -24,6 +24,7 @@ struct TrainOptions {
   double weight_decay = 5e-4;
   double warmup_epochs = 0.0;             // linear ramp from lr to the peak
   std::string norm = "batch";             // batch | group
+  bool sync_bn = false;                   // batch norm over every rank's batch (SyncBatchNorm)
   std::string stem = "auto";              // auto | standard | small (resnet18/34/50)
   std::uint64_t seed = 42;
   std::int64_t threads = 0;              // 0: choose_threads()

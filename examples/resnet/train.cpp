@@ -7,6 +7,7 @@
 //
 //   mpiexec -n 2 resnet_train --model resnet8 --epochs 3
 //   mpiexec -n 4 resnet_train --lr 0.05 --scale-lr --warmup-epochs 2
+//   mpiexec -n 4 resnet_train --batch-size 8 --sync-bn  # batch norm over the 32 images of a step
 //   resnet_train --dataset cifar10 --data-dir ~/data/cifar-10-batches-bin --augment
 //   dtrainrun -np 4 --restarts 3 resnet_train --checkpoint-dir ckpt --checkpoint-every 200 --resume
 //
@@ -179,7 +180,8 @@ Totals train_one_epoch(Classifier& model, Optimizer& optimizer, torch::optim::SG
 }
 
 // dtrain: batch norm's running statistics are updated from each rank's own batches; evaluation
-// and checkpoints use their average over the ranks, so every rank holds the same model.
+// and checkpoints use their average over the ranks, so every rank holds the same model. (With
+// --sync-bn they are equal on every rank already, and stay so.)
 void average_buffers(torch::nn::Module& model) {
   std::vector<torch::Tensor> statistics;
   for (const auto& buffer : model.buffers())
@@ -325,6 +327,8 @@ int run(const TrainOptions& options) {
                                                         .num_classes = data.num_classes(),
                                                         .small_input_stem = stem.small_input_stem,
                                                         .norm = norm});
+  // dtrain: --sync-bn: every batch norm takes its statistics from all ranks' batches together.
+  const auto synchronized_norms = options.sync_bn ? dtrain::convert_sync_batchnorm(*model) : 0;
   dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
   model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
@@ -371,8 +375,10 @@ int run(const TrainOptions& options) {
     fmt::print("threads: {}\n", threads.description);
     std::int64_t parameters = 0;
     for (const auto& p : model->parameters()) parameters += p.numel();
-    fmt::print("model: {}, {} parameters{}{}\n", options.model, parameters,
-               stem.description.empty() ? "" : ", ", stem.description);
+    fmt::print("model: {}, {} parameters{}{}{}\n", options.model, parameters,
+               stem.description.empty() ? "" : ", ", stem.description,
+               options.sync_bn ? fmt::format(", {} SyncBatchNorm layers", synchronized_norms)
+                               : std::string());
     std::fflush(stdout);
   }
 

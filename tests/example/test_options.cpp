@@ -33,6 +33,7 @@ TEST_CASE("no flags: the defaults") {
   CHECK(o.bucket_mb < 0);  // DistributedOptimizer's default
   CHECK_FALSE(o.scale_lr);
   CHECK(o.norm == "batch");
+  CHECK_FALSE(o.sync_bn);
   CHECK(o.stem == "auto");
   CHECK_FALSE(o.quiet);
   CHECK_FALSE(o.augment);
@@ -148,6 +149,9 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
   CHECK(usage_error({"--quiet=yes"}) == "--quiet takes no value");
   CHECK(usage_error({"--scale-lr=2"}) == "--scale-lr takes no value");
   CHECK(usage_error({"--norm", "layer"}) == "--norm must be batch or group, got layer");
+  CHECK(usage_error({"--norm", "group", "--sync-bn"}) ==
+        "--sync-bn synchronizes batch norm; --norm group has none");
+  CHECK(parse_options(std::vector<std::string>{"--sync-bn"}).sync_bn);
   CHECK(usage_error({"--stem", "large"}) == "--stem must be auto, standard or small, got large");
   CHECK(usage_error({"--resume"}) ==
         "--resume needs --checkpoint-dir: the folder that holds the checkpoints");
@@ -174,7 +178,8 @@ TEST_CASE("the usage text documents every flag") {
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
         "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
-        "--crash-rank",     "--crash-after-step", "--bucket-mb", "--elastic"}) {
+        "--crash-rank",     "--crash-after-step", "--bucket-mb", "--elastic",
+        "--sync-bn"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -279,3 +279,44 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
   CHECK(drift.worst < 1e-4);
   CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
 }
+
+TEST_CASE("trainer --sync-bn: 2 ranks with batch b train as 1 rank with batch 2b and batch norm") {
+  // Batch norm, synchronized: each rank's half batch is normalized with the statistics of the
+  // whole one, so the weights and the running statistics are those of one process.
+  TempDir dir;
+  write_texture_dataset(dir.path());
+  auto args = [&](const std::string& batch, const std::string& checkpoint) {
+    return std::vector<std::string>{
+        "--data-dir", dir.path().string(), "--epochs", "2", "--max-steps-per-epoch", "4",
+        "--eval-samples", "8", "--batch-size", batch, "--lr", "0.05", "--threads", "1",
+        "--seed", "9", "--save-model", (dir / checkpoint).string()};
+  };
+  const auto one = train(args("32", "one.pt"), 1);
+  INFO(one.output);
+  REQUIRE(one.exit_code == 0);
+  auto two_args = args("16", "two.pt");
+  two_args.push_back("--sync-bn");
+  const auto two = train(two_args, 2);
+  INFO(two.output);
+  REQUIRE(two.exit_code == 0);
+  CHECK(contains(two.output, "\nmodel: resnet8, 75002 parameters, 7 SyncBatchNorm layers\n"));
+
+  // The converted model's state has BatchNorm's names: it loads into the plain model.
+  auto load = [&](const std::string& checkpoint) {
+    auto model = std::static_pointer_cast<torch::nn::Module>(
+        resnet::make_model("resnet8", {.in_channels = 1, .num_classes = 10}));
+    torch::load(model, (dir / checkpoint).string());
+    return model;
+  };
+  torch::manual_seed(9);
+  const auto initial = resnet::make_model("resnet8", {.in_channels = 1, .num_classes = 10});
+  const auto a = load("one.pt"), b = load("two.pt");
+  const auto weights = parameter_drift(a->named_parameters(), b->named_parameters(),
+                                       initial->named_parameters());
+  CHECK(weights.worst < 1e-4);
+  CHECK(weights.moved > 1e-3);
+  const auto statistics = parameter_drift(a->named_buffers(), b->named_buffers(),
+                                          initial->named_buffers());
+  CHECK(statistics.worst < 1e-4);
+  CHECK(statistics.moved > 1e-3);
+}

@@ -167,6 +167,13 @@ if [ -n "$torch_prefix" ] && [ "$ngpus" -gt 0 ]; then
       awk -v n="$n" '/^epoch +3\/3/ { for (i = 1; i <= NF; ++i) if ($i == "img/s")
         print "resnet_gpu_np" n "_img_s " $(i - 1) }' "$out/resnet_gpu_np$n.log" >>"$results"
     done
+    # SyncBatchNorm on CUDA tensors (53 layers, 2 ranks sharing the device): it must run and
+    # finish; images/s against resnet_gpu_np2_img_s is its cost.
+    step resnet_gpu_syncbn_np2 yes 240 mpiexec.mpich -n 2 "$trainer" "${resnet_run[@]}" --sync-bn
+    grep -q "53 SyncBatchNorm layers" "$out/resnet_gpu_syncbn_np2.log" ||
+      { say "resnet_gpu_syncbn_np2: the trainer did not convert its batch norms"; failed=1; }
+    awk '/^epoch +3\/3/ { for (i = 1; i <= NF; ++i) if ($i == "img/s")
+      print "resnet_gpu_syncbn_np2_img_s " $(i - 1) }' "$out/resnet_gpu_syncbn_np2.log" >>"$results"
   fi
   # ---- Mask R-CNN trainer on the GPU: the smoke run (40 steps, then the COCO evaluation) at 1 and
   # 2 ranks. It needs nlohmann-json and stb (the example is skipped without them), so a machine
@@ -181,6 +188,11 @@ if [ -n "$torch_prefix" ] && [ "$ngpus" -gt 0 ]; then
       [ -s "$out/mask_rcnn_np$n/detections.json" ] ||
         { say "mask_rcnn_gpu_np$n: no detections.json"; failed=1; }
     done
+    # SyncBatchNorm in the backbone and the mask head, whose regions differ per rank.
+    step mask_rcnn_gpu_syncbn_np2 yes 300 mpiexec.mpich -n 2 "$mask_rcnn" --smoke --device cuda \
+      --norm syncbn --out "$out/mask_rcnn_syncbn_np2"
+    [ -s "$out/mask_rcnn_syncbn_np2/detections.json" ] ||
+      { say "mask_rcnn_gpu_syncbn_np2: no detections.json"; failed=1; }
   fi
 else
   say "no CUDA libtorch importable by $torch_python (or no GPU): ResNet GPU runs skipped"

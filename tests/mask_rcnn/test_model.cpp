@@ -174,9 +174,28 @@ TEST_CASE("checkpoint: weights and the model's description round-trip") {
   CHECK(read.category_ids == std::vector<std::int64_t>{7, 9});
   CHECK(read.category_names == std::vector<std::string>{"cat", "dog"});
   CHECK(read.iterations == 123);
+  CHECK(read.norm == Norm::group);
   const auto a = model->named_parameters(), b = loaded->named_parameters();
   REQUIRE(a.size() == b.size());
   for (const auto& p : a) CHECK(p.value().equal(b[p.key()]));
+
+  // A batch-norm model comes back as one, with its running statistics; group norm's parameter
+  // names are kept, so the two differ only by the buffers.
+  torch::manual_seed(4);
+  MaskRcnn batch_norm(preset_config("tiny", 2, Norm::batch));
+  CHECK(batch_norm->named_parameters().keys() == a.keys());
+  CHECK(model->named_buffers().is_empty());
+  auto buffers = batch_norm->named_buffers();
+  CHECK_FALSE(buffers.is_empty());
+  for (auto& item : buffers) item.value().fill_(3);
+  save_checkpoint(dir / "batch.pt", batch_norm, {"tiny", {7, 9}, {"cat", "dog"}, 5, Norm::batch});
+  auto batch_loaded = load_checkpoint(dir / "batch.pt", read);
+  CHECK(read.norm == Norm::batch);
+  for (const auto& item : batch_loaded->named_buffers())
+    CHECK(item.value().equal(buffers[item.key()]));
+  CHECK(dtrain::test::contains(
+      dtrain::test::message_of<std::invalid_argument>([] { norm_from_name("layer"); }),
+      "unknown norm 'layer': choose one of group, batch, syncbn"));
 
   dtrain::test::write_text(dir / "junk.pt", "not a checkpoint");
   CHECK(dtrain::test::contains(

@@ -161,6 +161,57 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
   CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
 }
 
+TEST_CASE("trainer --norm syncbn: 2 ranks with batch b end with the weights of 1 rank with batch "
+          "2b and batch norm") {
+  // As above, with batch norm: synchronized over the ranks, it normalizes with the statistics
+  // of the whole batch, in the backbone and in the mask head, whose regions differ in number on
+  // each rank (and may be none). Plain batch norm on 2 ranks would not match.
+  TempDir dir;
+  auto args = [&](const std::string& batch, const std::string& norm, const std::string& name) {
+    return std::vector<std::string>{
+        "--shapes-train", "32", "--shapes-size", "96,96", "--iterations", "4",
+        "--warmup-iterations", "2", "--batch-size", batch, "--lr", "0.02", "--no-shuffle",
+        "--no-eval", "--threads", "1", "--seed", "9", "--log-every", "2", "--norm", norm,
+        "--out", (dir / name).string()};
+  };
+  const auto one = run_trainer(args("4", "batch", "one"), 1);
+  INFO(one.output);
+  REQUIRE(one.exit_code == 0);
+  const auto two = run_trainer(args("2", "syncbn", "two"), 2);
+  INFO(two.output);
+  REQUIRE(two.exit_code == 0);
+  CHECK(contains(two.output, "parameters, syncbn norm)"));
+
+  CheckpointInfo info;
+  const auto reference = load_checkpoint(dir / "one" / "model.pt", info);
+  CHECK(info.norm == Norm::batch);
+  const auto distributed = load_checkpoint(dir / "two" / "model.pt", info);
+  CHECK(info.norm == Norm::sync_batch);
+  torch::manual_seed(9);
+  const auto initial = MaskRcnn(preset_config("tiny", 3, Norm::batch));
+  const auto weights = dtrain::test::parameter_drift(
+      reference->named_parameters(), distributed->named_parameters(), initial->named_parameters());
+  CHECK(weights.worst < 1e-4);
+  CHECK(weights.moved > 1e-3);
+  // The running statistics too (num_batches_tracked aside: the 1-rank run skips the mask head in
+  // a step without positive regions, the synchronized one runs it on empty batches).
+  auto statistics = [](const MaskRcnn& m) {
+    torch::OrderedDict<std::string, torch::Tensor> out;
+    for (const auto& item : m->named_buffers())
+      if (item.key().find("num_batches_tracked") == std::string::npos)
+        out.insert(item.key(), item.value());
+    return out;
+  };
+  const auto buffers = dtrain::test::parameter_drift(statistics(reference), statistics(distributed),
+                                                     statistics(initial));
+  CHECK(buffers.worst < 1e-4);
+  CHECK(buffers.moved > 1e-3);
+
+  const auto bad = run_trainer({"--norm", "layer"});
+  CHECK(bad.exit_code == 2);
+  CHECK(contains(bad.output, "--norm must be one of group, batch, syncbn, got layer"));
+}
+
 namespace {
 
 // A COCO-format folder made from generated shapes: PNG images and an instances file whose objects

@@ -342,15 +342,28 @@ TEST_CASE("bucket_bytes decides which gradients backward submits and which wait 
   }
 }
 
-TEST_CASE("fp16 compression of torch gradients stays within 16-bit rounding of the average") {
+TEST_CASE("fp16 and bf16 compression of torch gradients stay within 16-bit rounding of the "
+          "average") {
   dtrain::init();
+  // Significand bits of the wire format, and its smallest subnormal.
+  auto compression = dtrain::Compression::fp16;
+  auto wire = torch::kHalf;
+  int bits = 11;
+  double tiny = std::ldexp(1.0, -24);
+  SUBCASE("fp16") {}
+  SUBCASE("bf16") {
+    compression = dtrain::Compression::bf16;
+    wire = torch::kBFloat16;
+    bits = 8;
+    tiny = std::ldexp(1.0, -133);
+  }
   const Shards shards;
   const int n = world_size();
   Net model = make_net();
   dtrain::broadcast_module(*model, 0);
   torch::optim::SGD opt(model->parameters(), sgd_options());
   DistributedOptimizerOptions options;
-  options.compression = dtrain::Compression::fp16;
+  options.compression = compression;
   DistributedOptimizer dist(opt, model->named_parameters(), options);
 
   // Every rank's exact gradient, from a copy of the model.
@@ -367,9 +380,9 @@ TEST_CASE("fp16 compression of torch gradients stays within 16-bit rounding of t
   dist.zero_grad();
   mse(model, shards.rank_batch(world_rank(), 0)).backward();
   dist.synchronize();
-  // n + 2 roundings at most in fp16 (compression, n - 1 additions, the division by n), each
-  // within 2^-11 of the partial result's magnitude, plus 2^-24 absolute for subnormals.
-  const double u = std::ldexp(1.0, -11);
+  // n + 2 roundings at most in the wire format (compression, n - 1 additions, the division by n),
+  // each within 2^-bits of the partial result's magnitude, plus the smallest subnormal.
+  const double u = std::ldexp(1.0, -bits);
   auto params = model->parameters();
   for (std::size_t i = 0; i < params.size(); ++i) {
     CAPTURE(i);
@@ -379,17 +392,51 @@ TEST_CASE("fp16 compression of torch gradients stays within 16-bit rounding of t
       mean += per_rank[k][i] / n;
       magnitude += per_rank[k][i].abs() / n;
     }
-    const auto bound = (n + 2) * (u * magnitude + std::ldexp(1.0, -24));
+    const auto bound = (n + 2) * (u * magnitude + tiny);
     const auto g = params[i].grad();
     CHECK(((g - mean).abs() <= bound).all().item<bool>());
-    // The values travelled as fp16: each one is an fp16 value, widened.
-    CHECK(torch::equal(g, g.to(torch::kHalf).to(torch::kFloat)));
+    // The values travelled in the wire format: each one is such a value, widened.
+    CHECK(torch::equal(g, g.to(wire).to(torch::kFloat)));
   }
   {
     auto scope = dist.skip_synchronize();
     CHECK(dist.step());
   }
   CHECK(parameters_identical_on_all_ranks(*model));
+}
+
+TEST_CASE_FIXTURE(SameStart,
+                  "gradient_predivide_factor: the same average, summed over gradients divided "
+                  "by f") {
+  torch::optim::SGD opt(model->parameters(), sgd_options());
+  DistributedOptimizerOptions options = bucket_variant();
+  options.gradient_predivide_factor = 2.5;
+  DistributedOptimizer dist(opt, model->named_parameters(), options);
+  torch::optim::SGD ref_opt(ref->parameters(), sgd_options());
+  for (int t = 0; t < 3; ++t) step_both(dist, ref_opt, t);
+  check_matches_reference();
+}
+
+TEST_CASE("gradient_predivide_factor keeps an fp16-compressed sum of large gradients finite") {
+  dtrain::init();
+  const int n = world_size();
+  // One weight whose gradient is 40000 on every rank: an fp16 value whose sum over 2 or more
+  // ranks is not (fp16 ends at 65504). Divided by n first, the sum stays in range.
+  auto reduced_gradient = [&](double factor) {
+    torch::nn::Linear one(torch::nn::LinearOptions(1, 1).bias(false));
+    torch::optim::SGD opt(one->parameters(), torch::optim::SGDOptions(0.0));
+    DistributedOptimizerOptions options;
+    options.compression = dtrain::Compression::fp16;
+    options.gradient_predivide_factor = factor;
+    DistributedOptimizer dist(opt, one->named_parameters(), options);
+    dist.zero_grad();
+    (one(torch::ones({1, 1})).sum() * 40000).backward();
+    dist.synchronize();
+    return one->weight.grad().item<double>();
+  };
+  const double g = reduced_gradient(n);
+  CHECK_MESSAGE(std::abs(g - 40000) <= 40000 * n * std::ldexp(1.0, -10), fmt::format("{}", g));
+  if (n > 1) CHECK(std::isinf(reduced_gradient(1.0)));  // what the factor is for
 }
 
 TEST_CASE("broadcast_module + broadcast_optimizer_state make Adam identical on every rank") {

@@ -23,6 +23,9 @@ namespace dtrain {
 namespace detail {
 
 inline DataType torch_dtype(const torch::Tensor& t) {
+  // Asked first by every op: an undefined tensor has no dtype to report.
+  if (!t.defined())
+    throw InvalidArgumentError("dtrain: an undefined torch::Tensor was passed to a collective");
   switch (t.scalar_type()) {
     case torch::kByte: return DataType::uint8;
     case torch::kChar: return DataType::int8;
