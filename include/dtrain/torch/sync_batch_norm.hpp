@@ -210,7 +210,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
     }
     if (why.empty()) return;
     detail::reject(*detail::engine("dtrain::SyncBatchNorm"), options.name() + ".statistics",
-                   detail::OpKind::allreduce, why, "");
+                   detail::OpKind::allreduce, why, "", /*process_set=*/0);
     throw InvalidArgumentError(why);
   }
 
