@@ -65,7 +65,7 @@ class _Handler(socketserver.StreamRequestHandler):
             if not line:
                 return
             if len(line) > MAX_REQUEST_BYTES or not line.endswith(b"\n"):
-                self._send(b"ERR request too long\n")
+                self._refuse(b"ERR request too long\n")
                 return
             words = line.rstrip(b"\r\n").split()
             if words == [b"GEN"]:
@@ -73,8 +73,22 @@ class _Handler(socketserver.StreamRequestHandler):
                 if not self._send(f"GEN {target} {size}\n".encode()):
                     return
             else:
-                self._send(b"ERR unknown request; expected GEN\n")
+                self._refuse(b"ERR unknown request; expected GEN\n")
                 return
+
+    def _refuse(self, message: bytes) -> None:
+        # Closing with the peer's next lines unread would reset the connection, and a reset can
+        # discard the error before the peer reads it: end our side, then read until the peer
+        # ends its own (or a second passes).
+        if not self._send(message):
+            return
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(1.0)
+            while self.connection.recv(4096):
+                pass
+        except OSError:
+            pass
 
     def _send(self, data: bytes) -> bool:
         try:

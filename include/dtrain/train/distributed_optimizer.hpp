@@ -18,6 +18,7 @@
 // accumulated gradient is the sum over the k passes: divide the loss by k for the mean. The count
 // carries over epoch boundaries; nothing asserts on a partial window, and synchronize() can be
 // called at any time to flush.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <optional>

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/runtime/collectives.hpp"
+#include "dtrain/runtime/session.hpp"
 
 namespace dtrain {
 
