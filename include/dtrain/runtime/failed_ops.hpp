@@ -109,6 +109,8 @@ class FailedOps {
     GroupSizes& sizes = group_sizes_[q.group];
     if (sizes.empty()) sizes.resize(size_);
     if (!sizes[rank]) sizes[rank] = q.group_size;
+    // An empty group's stand-in is a barrier: the error names the kind its members have.
+    if (q.group_size > 0) group_kinds_.try_emplace(q.group, q.kind);
     const bool agree = std::all_of(sizes.begin(), sizes.end(), [&](const auto& n) {
       return !n || *n == q.group_size;
     });
@@ -122,11 +124,15 @@ class FailedOps {
                             fmt::join(ranks, ", "));
     return fmt::format("dtrain: ranks disagree on the number of tensors in grouped_{} "
                        "'{}': {}. Every rank must pass the same number of tensors.",
-                       q.kind, q.group, values);
+                       group_kinds_.contains(q.group) ? group_kinds_.at(q.group) : q.kind,
+                       q.group, values);
   }
 
   // Every rank has submitted every member of `group`: its size is settled.
-  void group_complete(const std::string& group) { group_sizes_.erase(group); }
+  void group_complete(const std::string& group) {
+    group_sizes_.erase(group);
+    group_kinds_.erase(group);
+  }
 
   // Remembers that op `name` failed, for the ranks other than `told` (those that submitted it, and
   // fail now) that have not shut down.
@@ -149,6 +155,7 @@ class FailedOps {
         f.settled[k] = outside_[k] || (k != arriving_rank && g->second[k].has_value());
       group_sizes_.erase(g);
     }
+    group_kinds_.erase(group);
     if (arriving_rank >= 0) {
       settling_.emplace_back(group, arriving_rank);
       by_group_[group] = std::move(f);
@@ -198,6 +205,7 @@ class FailedOps {
   Verdicts by_name_;
   Verdicts by_group_;
   std::unordered_map<std::string, GroupSizes> group_sizes_;
+  std::unordered_map<std::string, OpKind> group_kinds_;  // of the members, where any is known
   std::vector<std::pair<std::string, int>> settling_;  // (group, rank) settled after a message
 };
 
