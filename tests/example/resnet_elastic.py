@@ -14,7 +14,9 @@ import sys
 import tempfile
 import time
 
-SAMPLES, BATCH, EPOCHS = 512, 16, 4
+# Enough epochs that world 0 is still training when dtrainrun next reads the hosts (every 1 s) and
+# asks it to stop at a commit: an epoch takes 0.3 s on an idle 2-core machine.
+SAMPLES, BATCH, EPOCHS = 512, 16, 16
 WAIT_S = 120
 
 

@@ -101,8 +101,9 @@ class SystemSampler {
                            at = Clock::now()] { run(first, engine, at); });
   }
 
-  // Ends the thread after one last sample covering the time since the previous one (unless that
-  // is under half an interval: CPU time is counted in 10 ms ticks, too coarse for a short period).
+  // Ends the thread after one last sample covering the time since the previous one. Under half an
+  // interval, that sample holds only the engine's counters: CPU time is counted in 10 ms ticks,
+  // too coarse for a short period.
   void stop() noexcept {
     {
       std::lock_guard lock(mutex_);
@@ -125,7 +126,17 @@ class SystemSampler {
       const std::optional<EngineStats> engine_after = engine_snapshot();
       const Clock::time_point now = Clock::now();
       const double seconds = std::chrono::duration<double>(now - before_time).count();
-      if (last && now - before_time < interval_ / 2) return;
+      if (last && now - before_time < interval_ / 2) {
+        // Too short for CPU figures, but the engine's counters since the last sample are exact
+        // and would be lost: a tail sample carries them alone.
+        if (engine_after) {
+          SampleRecord tail;
+          tail.t = std::chrono::duration<double>(now - origin_).count();
+          tail.engine = engine_increase(engine_before, engine_after);
+          writer_->push(std::move(tail));
+        }
+        return;
+      }
       SampleRecord s = make_sample(before, after, seconds, ticks);
       s.t = std::chrono::duration<double>(now - origin_).count();
       s.gpu = nvml_->read();
