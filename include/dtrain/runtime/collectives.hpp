@@ -100,6 +100,16 @@ inline Request bare_request(const NamedOp& op, std::string name = {}) {
   return q;
 }
 
+// `q` as a reduction with `options`' op and scale factors, checked first.
+template <class Options>
+Request reduction(Request q, const Options& options) {
+  check_reduction(q, options.op, options.prescale, options.postscale);
+  q.reduce_op = options.op;
+  q.prescale = options.prescale;
+  q.postscale = options.postscale;
+  return q;
+}
+
 // Entries of ops that produce a new tensor allocate it on the engine thread, once the sizes are
 // negotiated, through tensor_traits<T>::make_output.
 template <class T>
@@ -129,14 +139,8 @@ Handle allreduce_async(T& tensor, const AllreduceOptions& options = {}) {
   if constexpr (MutableTensor<T>) {
     const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "allreduce",
                                     options.process_set);
-    auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op);
-      detail::check_reduction(q, options.op, options.prescale, options.postscale);
-      return q;
-    });
-    q.reduce_op = options.op;
-    q.prescale = options.prescale;
-    q.postscale = options.postscale;
+    auto q = detail::checked(
+        op, [&] { return detail::reduction(detail::describe(tensor, op), options); });
     auto e = detail::new_entry(std::move(q));
     e->data = traits_of<T>::mutable_data(tensor);
     e->stream = detail::stream_of(tensor);
@@ -291,14 +295,8 @@ ResultHandle<output_t<T>> reducescatter_async(const T& tensor,
   if constexpr (TensorWithOutput<T>) {
     const auto op = detail::name_op(options.name, detail::OpKind::reducescatter, "reducescatter",
                                     options.process_set);
-    auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op);
-      detail::check_reduction(q, options.op, options.prescale, options.postscale);
-      return q;
-    });
-    q.reduce_op = options.op;
-    q.prescale = options.prescale;
-    q.postscale = options.postscale;
+    auto q = detail::checked(
+        op, [&] { return detail::reduction(detail::describe(tensor, op), options); });
     auto e = detail::new_entry(std::move(q));
     auto slot = detail::attach_output(*e, tensor);
     ResultHandle<output_t<T>> h(e->state, slot);

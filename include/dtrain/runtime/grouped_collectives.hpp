@@ -58,6 +58,29 @@ std::shared_ptr<OpState> submit_group(const NamedOp& op, R&& tensors, Member&& m
   return all;
 }
 
+// One output per member of a group, each made on the engine thread once its shape is negotiated.
+template <class T>
+using GroupOutputs = std::shared_ptr<std::optional<std::vector<output_t<T>>>>;
+
+template <class T, Range R>
+GroupOutputs<T> group_outputs(R& tensors) {
+  auto outputs = std::make_shared<std::optional<std::vector<output_t<T>>>>();
+  outputs->emplace(static_cast<std::size_t>(std::distance(std::begin(tensors), std::end(tensors))));
+  return outputs;
+}
+
+// attach_output() for member `i` of a group: its output is element `i` of `outputs`.
+template <class T>
+void attach_group_output(const GroupOutputs<T>& outputs, const T& like, Entry& e, std::int32_t i) {
+  e.input = traits_of<T>::data(like);
+  e.stream = stream_of(like);
+  e.make_output = [outputs, like_ptr = &like, i](const Shape& s) -> void* {
+    auto& out = (**outputs)[static_cast<std::size_t>(i)];
+    out = traits_of<T>::make_output(*like_ptr, s);
+    return traits_of<T>::output_data(out);
+  };
+}
+
 }  // namespace detail
 
 // ---- grouped allreduce ------------------------------------------------------------------------
@@ -71,12 +94,7 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
     const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "grouped_allreduce",
                                     options.process_set);
     auto member = [&](const T& t, std::string name) {
-      auto q = detail::describe(t, op, std::move(name));
-      detail::check_reduction(q, options.op, options.prescale, options.postscale);
-      q.reduce_op = options.op;
-      q.prescale = options.prescale;
-      q.postscale = options.postscale;
-      return q;
+      return detail::reduction(detail::describe(t, op, std::move(name)), options);
     };
     auto attach = [](T& t, detail::Entry& e, std::int32_t) {
       e.data = traits_of<T>::mutable_data(t);
@@ -105,20 +123,12 @@ ResultHandle<std::vector<output_t<range_value_t<R>>>> grouped_allgather_async(
   if constexpr (TensorWithOutput<T>) {
     const auto op = detail::name_op(options.name, detail::OpKind::allgather, "grouped_allgather",
                                     options.process_set);
-    auto outputs = std::make_shared<std::optional<std::vector<output_t<T>>>>();
-    outputs->emplace(
-        static_cast<std::size_t>(std::distance(std::begin(tensors), std::end(tensors))));
+    auto outputs = detail::group_outputs<T>(tensors);
     auto member = [&](const T& t, std::string name) {
       return detail::describe(t, op, std::move(name));
     };
     auto attach = [&](const T& t, detail::Entry& e, std::int32_t i) {
-      e.input = traits_of<T>::data(t);
-      e.stream = detail::stream_of(t);
-      e.make_output = [outputs, like = &t, i](const Shape& s) -> void* {
-        auto& out = (**outputs)[static_cast<std::size_t>(i)];
-        out = traits_of<T>::make_output(*like, s);
-        return traits_of<T>::output_data(out);
-      };
+      detail::attach_group_output(outputs, t, e, i);
     };
     return {detail::submit_group(op, tensors, member, attach), outputs};
   }
@@ -143,25 +153,12 @@ ResultHandle<std::vector<output_t<range_value_t<R>>>> grouped_reducescatter_asyn
   if constexpr (TensorWithOutput<T>) {
     const auto op = detail::name_op(options.name, detail::OpKind::reducescatter,
                                     "grouped_reducescatter", options.process_set);
-    auto outputs = std::make_shared<std::optional<std::vector<output_t<T>>>>();
-    outputs->emplace(
-        static_cast<std::size_t>(std::distance(std::begin(tensors), std::end(tensors))));
+    auto outputs = detail::group_outputs<T>(tensors);
     auto member = [&](const T& t, std::string name) {
-      auto q = detail::describe(t, op, std::move(name));
-      detail::check_reduction(q, options.op, options.prescale, options.postscale);
-      q.reduce_op = options.op;
-      q.prescale = options.prescale;
-      q.postscale = options.postscale;
-      return q;
+      return detail::reduction(detail::describe(t, op, std::move(name)), options);
     };
     auto attach = [&](const T& t, detail::Entry& e, std::int32_t i) {
-      e.input = traits_of<T>::data(t);
-      e.stream = detail::stream_of(t);
-      e.make_output = [outputs, like = &t, i](const Shape& s) -> void* {
-        auto& out = (**outputs)[static_cast<std::size_t>(i)];
-        out = traits_of<T>::make_output(*like, s);
-        return traits_of<T>::output_data(out);
-      };
+      detail::attach_group_output(outputs, t, e, i);
     };
     return {detail::submit_group(op, tensors, member, attach), outputs};
   }
