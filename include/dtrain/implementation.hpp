@@ -12,6 +12,8 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/core/version_impl.hpp"
 #include "dtrain/profile/optimizer_steps_impl.hpp"
 #include "dtrain/profile/profiler_impl.hpp"
+#include "dtrain/runtime/collectives_impl.hpp"
+#include "dtrain/runtime/grouped_collectives_impl.hpp"
 #include "dtrain/runtime/handle_impl.hpp"
 #include "dtrain/runtime/op_checks_impl.hpp"
 #include "dtrain/runtime/process_set_impl.hpp"
@@ -19,3 +21,4 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/runtime/submission_impl.hpp"
 #include "dtrain/train/checkpoint_impl.hpp"
 #include "dtrain/train/elastic_impl.hpp"
+#include "dtrain/train/objects_impl.hpp"

@@ -16,6 +16,30 @@
 
 #include "engine/engine_test.hpp"
 
+// A tensor type whose traits refuse it, as an adapter does for an element type dtrain has no
+// data type for: the refusal happens in the op's checks (Note [Compiled submission]).
+struct RefusedTensor {
+  std::vector<float> values = std::vector<float>(6, 1.0f);
+};
+
+template <>
+struct dtrain::tensor_traits<RefusedTensor> {
+  using output_type = std::vector<float>;
+  static const void* data(const RefusedTensor& t) { return t.values.data(); }
+  static void* mutable_data(RefusedTensor& t) { return t.values.data(); }
+  static std::int64_t numel(const RefusedTensor& t) {
+    return static_cast<std::int64_t>(t.values.size());
+  }
+  static DataType dtype(const RefusedTensor&) {
+    throw InvalidArgumentError("complex64 has no dtrain data type");
+  }
+  static Device device(const RefusedTensor&) { return Device::cpu(); }
+  static output_type make_output(const RefusedTensor&, const Shape& s) {
+    return output_type(static_cast<std::size_t>(detail::numel(s)));
+  }
+  static void* output_data(output_type& o) { return o.data(); }
+};
+
 namespace {
 
 using namespace dtrain;
@@ -114,6 +138,10 @@ TEST_CASE("an argument error on one rank fails the op on every rank at once") {
        "integer tensor"},
       {"broadcast root out of range", [&] { broadcast(good, world_size()); },
        [&] { broadcast(good, 0); }, "out of range"},
+      {"allreduce of a tensor its traits refuse", [&] { RefusedTensor t; allreduce(t); },
+       [&] { allreduce(good); }, "complex64 has no dtrain data type"},
+      {"allgather of a tensor its traits refuse", [&] { (void)allgather(RefusedTensor{}); },
+       [&] { (void)allgather(good); }, "complex64 has no dtrain data type"},
       {"alltoall with too many splits",
        [&] { std::vector<int> s(static_cast<std::size_t>(world_size()) + 1, 0); s[0] = world_size(); (void)alltoall(rows, s); },
        [&] { (void)alltoall(rows, std::vector<int>(static_cast<std::size_t>(world_size()), 1)); },

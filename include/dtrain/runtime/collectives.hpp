@@ -5,28 +5,21 @@
 // orders. `_async` forms return a handle; sync forms wait on it. In-place ops (allreduce,
 // broadcast) write into the caller's tensor, which must stay alive and untouched until the op
 // completes. The grouped forms are in runtime/grouped_collectives.hpp.
-#include <cmath>
-#include <concepts>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
-#include <iterator>
-#include <type_traits>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
-#include <fmt/format.h>
-
-#include "dtrain/core/error.hpp"
+#include "dtrain/core/build_mode.hpp"
 #include "dtrain/core/range.hpp"
 #include "dtrain/runtime/collective_options.hpp"
-#include "dtrain/runtime/device_registry.hpp"
 #include "dtrain/runtime/handle.hpp"
-#include "dtrain/runtime/op_checks.hpp"
 #include "dtrain/runtime/process_set.hpp"
-#include "dtrain/runtime/submission.hpp"
 #include "dtrain/tensor/traits.hpp"
 #include "dtrain/tensor/view.hpp"
 
@@ -43,86 +36,93 @@ struct AlltoallResult {
 
 namespace detail {
 
-// An op about to be submitted: the engine it goes to, its name (given or generated) and its set.
-struct NamedOp {
-  std::shared_ptr<Engine> engine;
-  std::string name;
-  OpKind kind;
-  bool generated;
-  std::string group = {};  // grouped ops: a rejection fails the whole group
-  SetOfOp set = {};
+class OpState;
+
+// Note [Compiled submission]
+// The templates below do only what needs the caller's tensor type: they hand the compiled part a
+// TensorSource (the tensor and the function that reads it through its tensor_traits) and, for ops
+// that return a new tensor, an OutputMaker. Naming, the local checks, the entry and the
+// submission are in collectives_impl.hpp, compiled once (dtrain::dtrain) instead of in every file
+// that calls a collective. The compiled part reads the tensor inside the op's checks, so a tensor
+// its traits refuse fails the op on every rank (Note [Failed ops]) like any other local error.
+
+// One tensor as the compiled part sees it.
+struct TensorInfo {
+  DataType dtype = DataType::uint8;
+  Device device = Device::cpu();
+  Shape shape;
+  std::int64_t numel = 0;
+  const void* data = nullptr;
+  void* mutable_data = nullptr;  // in-place ops only
+  void* stream = nullptr;        // device tensors: the stream that produced it
 };
 
-// Refuses a set this rank may not use before a name is drawn or anything is submitted.
-inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view caller,
-                       const ProcessSet& process_set = {}) {
-  auto eng = engine(caller);
-  SetOfOp set = enter_process_set(*eng, process_set, kind, given);
-  const bool generated = given.empty();
-  std::string name = generated ? generate_name(*eng, kind, set.id) : std::string(given);
-  return NamedOp{std::move(eng), std::move(name), kind, generated, {}, std::move(set)};
-}
-
-// The request of `op` for tensor `t`, named `name` (a group member's) or the op's own.
-template <class T>
-Request describe(const T& t, const NamedOp& op, std::string name = {}) {
-  Request q;
-  q.name = name.empty() ? op.name : std::move(name);
-  q.kind = op.kind;
-  q.process_set = op.set.id;
-  q.dtype = traits_of<T>::dtype(t);
-  q.device = traits_of<T>::device(t);
-  q.shape = shape_of(t);
-  check_tensor(q, traits_of<T>::numel(t), traits_of<T>::data(t) != nullptr);
-  return q;
-}
-
-// Runs the local checks of `op`. One that fails submits the name as rejected, so the peers' ops of
-// that name fail at once instead of waiting for this rank (Note [Failed ops]), then rethrows.
-template <class F>
-decltype(auto) checked(const NamedOp& op, F&& checks) {
-  try {
-    return checks();
-  } catch (const InvalidArgumentError& e) {
-    reject(*op.engine, op.name, op.kind, e.what(), op.group, op.set.id);
-    throw;
+class TensorSource {
+ public:
+  template <class T>
+  static TensorSource in_place(T& tensor) {
+    return TensorSource(&tensor, [](const void* p) {
+      auto& t = const_cast<T&>(*static_cast<const T*>(p));  // taken as T&: not a const object
+      TensorInfo info = info_of(t);
+      info.mutable_data = traits_of<T>::mutable_data(t);
+      return info;
+    });
   }
-}
+  template <class T>
+  static TensorSource input(const T& tensor) {
+    return TensorSource(&tensor, [](const void* p) { return info_of(*static_cast<const T*>(p)); });
+  }
 
-// A request of `op` that carries no tensor (barrier, join, an empty group's stand-in).
-inline Request bare_request(const NamedOp& op, std::string name = {}) {
-  Request q;
-  q.name = name.empty() ? op.name : std::move(name);
-  q.kind = op.kind;
-  q.process_set = op.set.id;
-  q.dtype = DataType::uint8;
-  q.shape = {0};
-  return q;
-}
+  TensorInfo read() const { return read_(tensor_); }
 
-// `q` as a reduction with `options`' op and scale factors, checked first.
-template <class Options>
-Request reduction(Request q, const Options& options) {
-  check_reduction(q, options.op, options.prescale, options.postscale);
-  q.reduce_op = options.op;
-  q.prescale = options.prescale;
-  q.postscale = options.postscale;
-  return q;
-}
+ private:
+  using Reader = TensorInfo (*)(const void*);
+  TensorSource(const void* tensor, Reader read) : tensor_(tensor), read_(read) {}
 
-// Entries of ops that produce a new tensor allocate it on the engine thread, once the sizes are
-// negotiated, through tensor_traits<T>::make_output.
+  template <class T>
+  static TensorInfo info_of(const T& t) {
+    return TensorInfo{traits_of<T>::dtype(t), traits_of<T>::device(t), shape_of(t),
+                      static_cast<std::int64_t>(traits_of<T>::numel(t)), traits_of<T>::data(t),
+                      nullptr, stream_of(t)};
+  }
+
+  const void* tensor_;
+  Reader read_;
+};
+
+// Allocates an op's new tensor on the engine thread, once its shape is negotiated, and returns its
+// memory.
+using OutputMaker = std::function<void*(const Shape&)>;
+
 template <class T>
-std::shared_ptr<std::optional<output_t<T>>> attach_output(Entry& e, const T& like) {
-  auto slot = std::make_shared<std::optional<output_t<T>>>();
-  e.input = traits_of<T>::data(like);
-  e.stream = stream_of(like);
-  e.make_output = [slot, like_ptr = &like](const Shape& s) -> void* {
+using OutputSlot = std::shared_ptr<std::optional<output_t<T>>>;
+
+// An OutputMaker that makes `like`'s output type into `slot`.
+template <class T>
+OutputMaker output_into(OutputSlot<T> slot, const T& like) {
+  return [slot = std::move(slot), like_ptr = &like](const Shape& s) -> void* {
     slot->emplace(traits_of<T>::make_output(*like_ptr, s));
     return traits_of<T>::output_data(**slot);
   };
-  return slot;
 }
+
+DTRAIN_API Handle submit_allreduce(TensorSource tensor, const AllreduceOptions& options);
+DTRAIN_API Handle submit_broadcast(TensorSource tensor, int root_rank,
+                                   const CollectiveOptions& options);
+DTRAIN_API std::shared_ptr<OpState> submit_allgather(TensorSource tensor, OutputMaker make_output,
+                                                     const CollectiveOptions& options);
+DTRAIN_API std::shared_ptr<OpState> submit_reducescatter(TensorSource tensor,
+                                                         OutputMaker make_output,
+                                                         const ReducescatterOptions& options);
+DTRAIN_API std::shared_ptr<OpState> submit_alltoall(
+    TensorSource tensor, std::vector<std::int64_t> splits, OutputMaker make_output,
+    std::function<void(std::vector<std::int64_t>)> set_received_splits,
+    const CollectiveOptions& options);
+
+// Fails the world's allreduce `name` on every rank with `why`, for an op whose own checks failed
+// before it submitted: the peers' ops of that name fail at once (Note [Failed ops]).
+DTRAIN_API void reject_allreduce(const std::string& name, const std::string& why,
+                                 std::string_view caller);
 
 #define DTRAIN_REQUIRE_OUTPUT(T)                                                                 \
   static_assert(::dtrain::TensorWithOutput<T>,                                                   \
@@ -137,16 +137,7 @@ template <class T>
 Handle allreduce_async(T& tensor, const AllreduceOptions& options = {}) {
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "allreduce",
-                                    options.process_set);
-    auto q = detail::checked(
-        op, [&] { return detail::reduction(detail::describe(tensor, op), options); });
-    auto e = detail::new_entry(std::move(q));
-    e->data = traits_of<T>::mutable_data(tensor);
-    e->stream = detail::stream_of(tensor);
-    Handle h(e->state);
-    detail::submit(*op.engine, std::move(e));
-    return h;
+    return detail::submit_allreduce(detail::TensorSource::in_place(tensor), options);
   }
 }
 
@@ -164,14 +155,10 @@ ResultHandle<output_t<T>> allgather_async(const T& tensor, const CollectiveOptio
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::allgather, "allgather",
-                                    options.process_set);
-    auto q = detail::checked(op, [&] { return detail::describe(tensor, op); });
-    auto e = detail::new_entry(std::move(q));
-    auto slot = detail::attach_output(*e, tensor);
-    ResultHandle<output_t<T>> h(e->state, slot);
-    detail::submit(*op.engine, std::move(e));
-    return h;
+    auto slot = std::make_shared<std::optional<output_t<T>>>();
+    auto state = detail::submit_allgather(detail::TensorSource::input(tensor),
+                                          detail::output_into(slot, tensor), options);
+    return ResultHandle<output_t<T>>(std::move(state), std::move(slot));
   }
 }
 template <class T>
@@ -195,20 +182,7 @@ template <class T>
 Handle broadcast_async(T& tensor, int root_rank, const CollectiveOptions& options) {
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::broadcast, "broadcast",
-                                    options.process_set);
-    auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op);
-      detail::check_root(q, root_rank, op.set);
-      return q;
-    });
-    q.root = root_rank;
-    auto e = detail::new_entry(std::move(q));
-    e->data = traits_of<T>::mutable_data(tensor);
-    e->stream = detail::stream_of(tensor);
-    Handle h(e->state);
-    detail::submit(*op.engine, std::move(e));
-    return h;
+    return detail::submit_broadcast(detail::TensorSource::in_place(tensor), root_rank, options);
   }
 }
 template <class T>
@@ -236,31 +210,21 @@ ResultHandle<AlltoallResult<T>> alltoall_async(const T& tensor, const Splits& sp
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::alltoall, "alltoall",
-                                    options.process_set);
     std::vector<std::int64_t> s;
     for (auto v : splits) s.push_back(static_cast<std::int64_t>(v));
-    auto q = detail::checked(op, [&] {
-      auto q = detail::describe(tensor, op);
-      detail::check_splits(q, s, op.set);
-      return q;
-    });
-    auto e = detail::new_entry(std::move(q));
-    e->splits = std::move(s);
     auto result = std::make_shared<std::optional<AlltoallResult<T>>>();
     result->emplace();
-    e->input = traits_of<T>::data(tensor);
-    e->stream = detail::stream_of(tensor);
-    e->make_output = [result, like = &tensor](const Shape& shape) -> void* {
+    auto make_output = [result, like = &tensor](const Shape& shape) -> void* {
       (*result)->output = traits_of<T>::make_output(*like, shape);
       return traits_of<T>::output_data((*result)->output);
     };
-    e->set_received_splits = [result](std::vector<std::int64_t> r) {
+    auto set_received_splits = [result](std::vector<std::int64_t> r) {
       (*result)->received_splits = std::move(r);
     };
-    ResultHandle<AlltoallResult<T>> h(e->state, result);
-    detail::submit(*op.engine, std::move(e));
-    return h;
+    auto state = detail::submit_alltoall(detail::TensorSource::input(tensor), std::move(s),
+                                         std::move(make_output), std::move(set_received_splits),
+                                         options);
+    return ResultHandle<AlltoallResult<T>>(std::move(state), std::move(result));
   }
 }
 template <class T, Range Splits>
@@ -293,15 +257,10 @@ ResultHandle<output_t<T>> reducescatter_async(const T& tensor,
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::reducescatter, "reducescatter",
-                                    options.process_set);
-    auto q = detail::checked(
-        op, [&] { return detail::reduction(detail::describe(tensor, op), options); });
-    auto e = detail::new_entry(std::move(q));
-    auto slot = detail::attach_output(*e, tensor);
-    ResultHandle<output_t<T>> h(e->state, slot);
-    detail::submit(*op.engine, std::move(e));
-    return h;
+    auto slot = std::make_shared<std::optional<output_t<T>>>();
+    auto state = detail::submit_reducescatter(detail::TensorSource::input(tensor),
+                                              detail::output_into(slot, tensor), options);
+    return ResultHandle<output_t<T>>(std::move(state), std::move(slot));
   }
 }
 template <class T>
@@ -322,15 +281,7 @@ output_t<T> reducescatter(const T& tensor, ReduceOp op = ReduceOp::Average,
 
 // ---- barrier and join -------------------------------------------------------------------------
 
-inline Handle barrier_async(const CollectiveOptions& options) {
-  const auto op = detail::name_op(options.name, detail::OpKind::barrier, "barrier",
-                                  options.process_set);
-  detail::checked(op, [] {});
-  auto e = detail::new_entry(detail::bare_request(op));
-  Handle h(e->state);
-  detail::submit(*op.engine, std::move(e));
-  return h;
-}
+DTRAIN_API Handle barrier_async(const CollectiveOptions& options);
 inline Handle barrier_async(std::string_view name = {}) {
   return barrier_async(CollectiveOptions{std::string(name)});
 }
@@ -341,17 +292,13 @@ inline void barrier() { barrier_async().wait(); }
 // given). Until every member has joined, it keeps taking part in the set's allreduce
 // (contributing zeros: Average divides by the ranks that did not join), allgather (contributing no
 // rows) and broadcast. The handle's result is the world rank of the last member to join.
-inline ResultHandle<int> join_async(const ProcessSet& process_set = {}) {
-  const auto op = detail::name_op("join", detail::OpKind::join, "join", process_set);
-  auto e = detail::new_entry(detail::bare_request(op));
-  auto last = std::make_shared<std::optional<int>>();
-  e->set_last_joined = [last](int rank) { *last = rank; };
-  ResultHandle<int> h(e->state, last);
-  detail::submit(*op.engine, std::move(e));
-  return h;
-}
+DTRAIN_API ResultHandle<int> join_async(const ProcessSet& process_set = {});
 inline int join(const ProcessSet& process_set = {}) { return join_async(process_set).get(); }
 
 }  // namespace dtrain
 
 #include "dtrain/runtime/grouped_collectives.hpp"
+
+#ifdef DTRAIN_HEADER_ONLY
+#include "dtrain/runtime/collectives_impl.hpp"
+#endif

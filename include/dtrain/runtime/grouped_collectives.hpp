@@ -7,11 +7,8 @@
 #include <iterator>
 #include <memory>
 #include <optional>
-#include <string>
 #include <utility>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "dtrain/core/range.hpp"
 #include "dtrain/runtime/collectives.hpp"
@@ -19,66 +16,39 @@
 namespace dtrain {
 namespace detail {
 
-// Submits group `op` of `tensors`, all or nothing: `member(t, name)` checks tensor `t` and
-// returns member `name`'s request (its checks reject the whole group), `attach(t, entry, i)`
-// gives entry i its memory. Returns the group's state: done when the last member is, with the
-// first member's error.
-template <Range R, class Member, class Attach>
-std::shared_ptr<OpState> submit_group(const NamedOp& op, R&& tensors, Member&& member,
-                                      Attach&& attach) {
-  const std::string& group = op.name;
-  const auto count =
-      static_cast<std::int32_t>(std::distance(std::begin(tensors), std::end(tensors)));
-  NamedOp rejecting = op;
-  rejecting.name = group + ".rejected";
-  rejecting.group = group;
-  std::vector<std::shared_ptr<Entry>> entries;
-  std::int32_t i = 0;
-  for (auto& t : tensors) {
-    Request q = checked(rejecting, [&] { return member(t, fmt::format("{}.{}", group, i)); });
-    q.group = group;
-    q.group_size = count;
-    auto e = new_entry(std::move(q));
-    attach(t, *e, i++);
-    entries.push_back(std::move(e));
-  }
-  if (count == 0) {
-    // An empty group still takes part, so a rank whose group is not empty is told they differ.
-    NamedOp stand_in = op;
-    stand_in.kind = OpKind::barrier;
-    Request q = bare_request(stand_in, group + ".empty");
-    q.group = group;
-    q.group_size = 0;
-    entries.push_back(new_entry(std::move(q)));
-  }
-  std::vector<std::shared_ptr<OpState>> states;
-  for (const auto& e : entries) states.push_back(e->state);
-  auto all = complete_together(states);
-  submit_all(*op.engine, std::move(entries));
-  return all;
-}
+// One member of a group as the compiled part sees it (Note [Compiled submission]); ops that
+// return new tensors make member i's output into element i of the group's outputs.
+struct GroupMember {
+  TensorSource tensor;
+  OutputMaker make_output;  // empty for in-place ops
+};
 
-// One output per member of a group, each made on the engine thread once its shape is negotiated.
+DTRAIN_API Handle submit_grouped_allreduce(std::vector<TensorSource> members,
+                                           const AllreduceOptions& options);
+DTRAIN_API std::shared_ptr<OpState> submit_grouped_allgather(std::vector<GroupMember> members,
+                                                             const CollectiveOptions& options);
+DTRAIN_API std::shared_ptr<OpState> submit_grouped_reducescatter(
+    std::vector<GroupMember> members, const ReducescatterOptions& options);
+
 template <class T>
 using GroupOutputs = std::shared_ptr<std::optional<std::vector<output_t<T>>>>;
 
+// The members of `tensors`, each making its output into its element of `outputs`.
 template <class T, Range R>
-GroupOutputs<T> group_outputs(R& tensors) {
-  auto outputs = std::make_shared<std::optional<std::vector<output_t<T>>>>();
+std::vector<GroupMember> members_with_outputs(R& tensors, GroupOutputs<T>& outputs) {
+  outputs = std::make_shared<std::optional<std::vector<output_t<T>>>>();
   outputs->emplace(static_cast<std::size_t>(std::distance(std::begin(tensors), std::end(tensors))));
-  return outputs;
-}
-
-// attach_output() for member `i` of a group: its output is element `i` of `outputs`.
-template <class T>
-void attach_group_output(const GroupOutputs<T>& outputs, const T& like, Entry& e, std::int32_t i) {
-  e.input = traits_of<T>::data(like);
-  e.stream = stream_of(like);
-  e.make_output = [outputs, like_ptr = &like, i](const Shape& s) -> void* {
-    auto& out = (**outputs)[static_cast<std::size_t>(i)];
-    out = traits_of<T>::make_output(*like_ptr, s);
-    return traits_of<T>::output_data(out);
-  };
+  std::vector<GroupMember> members;
+  std::size_t i = 0;
+  for (const auto& t : tensors) {
+    members.push_back({TensorSource::input(t), [outputs, like = &t, i](const Shape& s) -> void* {
+                         auto& out = (**outputs)[i];
+                         out = traits_of<T>::make_output(*like, s);
+                         return traits_of<T>::output_data(out);
+                       }});
+    ++i;
+  }
+  return members;
 }
 
 }  // namespace detail
@@ -91,16 +61,9 @@ Handle grouped_allreduce_async(R&& tensors, const AllreduceOptions& options = {}
   using T = range_value_t<R>;
   DTRAIN_REQUIRE_MUTABLE_TENSOR(T);
   if constexpr (MutableTensor<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::allreduce, "grouped_allreduce",
-                                    options.process_set);
-    auto member = [&](const T& t, std::string name) {
-      return detail::reduction(detail::describe(t, op, std::move(name)), options);
-    };
-    auto attach = [](T& t, detail::Entry& e, std::int32_t) {
-      e.data = traits_of<T>::mutable_data(t);
-      e.stream = detail::stream_of(t);
-    };
-    return Handle(detail::submit_group(op, tensors, member, attach));
+    std::vector<detail::TensorSource> members;
+    for (auto& t : tensors) members.push_back(detail::TensorSource::in_place(t));
+    return detail::submit_grouped_allreduce(std::move(members), options);
   }
 }
 
@@ -121,16 +84,9 @@ ResultHandle<std::vector<output_t<range_value_t<R>>>> grouped_allgather_async(
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::allgather, "grouped_allgather",
-                                    options.process_set);
-    auto outputs = detail::group_outputs<T>(tensors);
-    auto member = [&](const T& t, std::string name) {
-      return detail::describe(t, op, std::move(name));
-    };
-    auto attach = [&](const T& t, detail::Entry& e, std::int32_t i) {
-      detail::attach_group_output(outputs, t, e, i);
-    };
-    return {detail::submit_group(op, tensors, member, attach), outputs};
+    detail::GroupOutputs<T> outputs;
+    auto members = detail::members_with_outputs<T>(tensors, outputs);
+    return {detail::submit_grouped_allgather(std::move(members), options), std::move(outputs)};
   }
 }
 
@@ -151,16 +107,9 @@ ResultHandle<std::vector<output_t<range_value_t<R>>>> grouped_reducescatter_asyn
   DTRAIN_REQUIRE_TENSOR(T);
   DTRAIN_REQUIRE_OUTPUT(T);
   if constexpr (TensorWithOutput<T>) {
-    const auto op = detail::name_op(options.name, detail::OpKind::reducescatter,
-                                    "grouped_reducescatter", options.process_set);
-    auto outputs = detail::group_outputs<T>(tensors);
-    auto member = [&](const T& t, std::string name) {
-      return detail::reduction(detail::describe(t, op, std::move(name)), options);
-    };
-    auto attach = [&](const T& t, detail::Entry& e, std::int32_t i) {
-      detail::attach_group_output(outputs, t, e, i);
-    };
-    return {detail::submit_group(op, tensors, member, attach), outputs};
+    detail::GroupOutputs<T> outputs;
+    auto members = detail::members_with_outputs<T>(tensors, outputs);
+    return {detail::submit_grouped_reducescatter(std::move(members), options), std::move(outputs)};
   }
 }
 
@@ -171,3 +120,7 @@ std::vector<output_t<range_value_t<R>>> grouped_reducescatter(
 }
 
 }  // namespace dtrain
+
+#ifdef DTRAIN_HEADER_ONLY
+#include "dtrain/runtime/grouped_collectives_impl.hpp"
+#endif

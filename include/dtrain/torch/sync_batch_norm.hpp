@@ -209,8 +209,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
       why = e.what();
     }
     if (why.empty()) return;
-    detail::reject(*detail::engine("dtrain::SyncBatchNorm"), options.name() + ".statistics",
-                   detail::OpKind::allreduce, why, "", /*process_set=*/0);
+    detail::reject_allreduce(options.name() + ".statistics", why, "dtrain::SyncBatchNorm");
     throw InvalidArgumentError(why);
   }
 

@@ -1,9 +1,12 @@
 #pragma once
 // broadcast_object / allgather_object: any serializable value (see Note [Object serialization]).
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "dtrain/core/build_mode.hpp"
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/runtime/session.hpp"
 #include "dtrain/core/serialize.hpp"
@@ -11,14 +14,10 @@
 namespace dtrain {
 namespace detail {
 
-// The base name of an object op's collectives ("<base>.size", "<base>.data"), given or generated.
-inline std::string object_op_name(std::string_view given, OpKind kind, std::string_view caller) {
-  NamedOp op = name_op(given, kind, caller);
-  const std::string base = op.name;
-  op.name = base + (kind == OpKind::broadcast ? ".size" : ".sizes");  // what the peers wait on first
-  checked(op, [] {});
-  return base;
-}
+// The base name of an object op's collectives ("<base>.size(s)", "<base>.data"), given or
+// generated; a set this rank may not use fails the op on every rank before anything is sent.
+DTRAIN_API std::string broadcast_object_name(std::string_view given);
+DTRAIN_API std::string allgather_object_name(std::string_view given);
 
 }  // namespace detail
 
@@ -27,7 +26,7 @@ template <class T>
 T broadcast_object(const T& value, int root_rank = 0, std::string_view name = {}) {
   std::vector<char> bytes;
   if (rank() == root_rank) bytes = serialize_object(value);
-  const std::string base = detail::object_op_name(name, detail::OpKind::broadcast, "broadcast_object");
+  const std::string base = detail::broadcast_object_name(name);
   std::vector<std::int64_t> size{static_cast<std::int64_t>(bytes.size())};
   broadcast(size, root_rank, base + ".size");
   bytes.resize(static_cast<std::size_t>(size[0]));
@@ -41,7 +40,7 @@ T broadcast_object(const T& value, int root_rank = 0, std::string_view name = {}
 template <class T>
 std::vector<T> allgather_object(const T& value, std::string_view name = {}) {
   const std::vector<char> bytes = serialize_object(value);
-  const std::string base = detail::object_op_name(name, detail::OpKind::allgather, "allgather_object");
+  const std::string base = detail::allgather_object_name(name);
   std::vector<std::int64_t> mine{static_cast<std::int64_t>(bytes.size())};
   const auto sizes = allgather(mine, base + ".sizes");
   std::span<const std::uint8_t> view(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size());
@@ -58,3 +57,7 @@ std::vector<T> allgather_object(const T& value, std::string_view name = {}) {
 }
 
 }  // namespace dtrain
+
+#ifdef DTRAIN_HEADER_ONLY
+#include "dtrain/train/objects_impl.hpp"
+#endif
