@@ -593,7 +593,7 @@ int train(const Options& o) {
       resumed = true;
       if (rank == 0)
         fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it (saved by {} ranks{})\n",
-                   restored->file().string(), step, first_epoch + 1, position.position,
+                   restored->file(), step, first_epoch + 1, position.position,
                    data.size(), restored->world_size(),
                    restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
     } else if (rank == 0) {

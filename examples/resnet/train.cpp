@@ -416,7 +416,7 @@ int run(const TrainOptions& options) {
       resumed = true;
       if (report)
         fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it\n",
-                   restored->file().string(), step, first_epoch, position.position,
+                   restored->file(), step, first_epoch, position.position,
                    data.train.size());
     } else if (report) {
       fmt::print("no checkpoint in {}: starting afresh\n", options.checkpoint_dir);

@@ -10,6 +10,7 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/core/config_impl.hpp"
 #include "dtrain/core/logging_impl.hpp"
 #include "dtrain/core/version_impl.hpp"
+#include "dtrain/data/file_sharder_impl.hpp"
 #include "dtrain/profile/optimizer_steps_impl.hpp"
 #include "dtrain/profile/profiler_impl.hpp"
 #include "dtrain/runtime/collectives_impl.hpp"

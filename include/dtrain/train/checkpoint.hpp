@@ -38,7 +38,6 @@
 // every change (for jobs whose results must not depend on the world size). Bitwise equality with
 // an uninterrupted run holds only for the same world size: the global batch differs otherwise.
 #include <cstdint>
-#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -76,8 +75,8 @@ enum class WorldSizeChange : std::uint8_t {
 };
 
 struct CheckpointOptions {
-  std::filesystem::path directory;  // created by rank 0 if missing; one job per folder
-  int keep_last = 3;                // newest checkpoints kept after each save; 0 keeps every one
+  std::string directory;  // created by rank 0 if missing; one job per folder (a path converts)
+  int keep_last = 3;      // newest checkpoints kept after each save; 0 keeps every one
   WorldSizeChange on_world_size_change = WorldSizeChange::reshard;
 };
 
@@ -125,7 +124,7 @@ class RestoredCheckpoint {
   std::int64_t step() const noexcept { return record_.step; }
   std::int64_t epoch() const noexcept { return record_.epoch; }
   std::int64_t world_size() const noexcept { return record_.world_size; }  // of the job that wrote it
-  const std::filesystem::path& file() const noexcept { return file_; }      // as rank 0 named it
+  const std::string& file() const noexcept { return file_; }  // as rank 0 named it
 
   bool contains(std::string_view name) const noexcept { return find(name).has_value(); }
 
@@ -145,13 +144,13 @@ class RestoredCheckpoint {
       throw CheckpointError(fmt::format(
           "dtrain: checkpoint {} has no item '{}'; it holds: {}. Save it under that name, or "
           "do not load it from checkpoints written before it was added",
-          file_.string(), name, fmt::join(names(), ", ")));
+          file_, name, fmt::join(names(), ", ")));
     const auto fail = [&](const std::string& why) {
       return CheckpointError(fmt::format(
           "dtrain: item '{}' of checkpoint {} ({} bytes) cannot be read into this type: {}. It "
           "was saved from a different type, or a dtrain_serialize/dtrain_deserialize pair reads "
           "differently than it writes",
-          name, file_.string(), range->size, why));
+          name, file_, range->size, why));
     };
     ObjectReader reader(bytes_->data() + range->offset, range->size);
     try {
@@ -174,7 +173,7 @@ class RestoredCheckpoint {
   friend class Checkpoint;
   friend class elastic::State;
   RestoredCheckpoint(std::shared_ptr<const std::vector<char>> bytes, detail::CheckpointRecord record,
-                     std::filesystem::path file, int rank)
+                     std::string file, int rank)
       : bytes_(std::move(bytes)), record_(std::move(record)), file_(std::move(file)), rank_(rank) {}
 
   std::optional<detail::ItemBytes> find(std::string_view name) const noexcept {
@@ -187,7 +186,7 @@ class RestoredCheckpoint {
 
   std::shared_ptr<const std::vector<char>> bytes_;
   detail::CheckpointRecord record_;
-  std::filesystem::path file_;
+  std::string file_;
   int rank_;
 };
 
@@ -237,8 +236,8 @@ class Checkpoint {
   DTRAIN_API PerRankItems gather_per_rank(std::span<const CheckpointItem> per_rank) const;
   DTRAIN_API void refuse_newer_checkpoints(std::int64_t step);
   DTRAIN_API std::pair<std::string, std::string> choose(std::vector<char>& bytes) const;
-  DTRAIN_API static void set_aside(const std::filesystem::path& path, const std::string& why);
-  DTRAIN_API std::string world_size_refusal(const std::filesystem::path& path,
+  DTRAIN_API static void set_aside(const std::string& path, const std::string& why);
+  DTRAIN_API std::string world_size_refusal(const std::string& path,
                                             const detail::CheckpointRecord& record) const;
 
   CheckpointOptions options_;

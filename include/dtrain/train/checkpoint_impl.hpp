@@ -63,7 +63,7 @@ DTRAIN_API Checkpoint::Checkpoint(CheckpointOptions options)
   std::filesystem::create_directories(options_.directory, ec);
   if (ec)
     throw CheckpointError(fmt::format("dtrain: cannot create the checkpoint folder {}: {}",
-                                      options_.directory.string(), ec.message()));
+                                      options_.directory, ec.message()));
   detail::remove_stale_temporaries(options_.directory);
 }
 
@@ -143,7 +143,7 @@ DTRAIN_API void Checkpoint::wait() {
     spare_ = pending->result.get();
   } catch (const std::exception& e) {
     throw CheckpointError(fmt::format("dtrain: writing a checkpoint into {} failed: {}",
-                                      options_.directory.string(), e.what()));
+                                      options_.directory, e.what()));
   }
 }
 
@@ -201,7 +201,7 @@ DTRAIN_API void Checkpoint::refuse_newer_checkpoints(std::int64_t step) {
         "dtrain: checkpoint folder {} already holds {} (step {}), later than this save (step "
         "{}), and this job did not resume from it: resume (Checkpoint::restore), or use an empty "
         "folder, or delete the old checkpoints",
-        options_.directory.string(), files.back().path.string(), files.back().step, step));
+        options_.directory, files.back().path.string(), files.back().step, step));
   checked_folder_ = true;
 }
 
@@ -218,10 +218,10 @@ DTRAIN_API std::pair<std::string, std::string> Checkpoint::choose(std::vector<ch
     if (why.empty() && record.step != it->step)
       why = fmt::format("it holds step {} but is named for step {}", record.step, it->step);
     if (!why.empty()) {
-      set_aside(it->path, why);
+      set_aside(it->path.string(), why);
       continue;
     }
-    if (std::string refusal = world_size_refusal(it->path, record); !refusal.empty())
+    if (std::string refusal = world_size_refusal(it->path.string(), record); !refusal.empty())
       return {"error", std::move(refusal)};
     detail::log(LogLevel::info, "dtrain: resuming from checkpoint {} (step {}, epoch {})",
                 it->path.string(), record.step, record.epoch);
@@ -231,11 +231,11 @@ DTRAIN_API std::pair<std::string, std::string> Checkpoint::choose(std::vector<ch
   return {"none", ""};
 }
 
-DTRAIN_API void Checkpoint::set_aside(const std::filesystem::path& path, const std::string& why) {
+DTRAIN_API void Checkpoint::set_aside(const std::string& path, const std::string& why) {
   detail::set_aside_checkpoint(path, why);
 }
 
-DTRAIN_API std::string Checkpoint::world_size_refusal(const std::filesystem::path& path,
+DTRAIN_API std::string Checkpoint::world_size_refusal(const std::string& path,
                                                     const detail::CheckpointRecord& record) const {
   if (record.world_size == world_) return {};
   if (!record.per_rank.empty()) {
@@ -245,19 +245,19 @@ DTRAIN_API std::string Checkpoint::world_size_refusal(const std::filesystem::pat
         "dtrain: cannot resume from checkpoint {}: it was written by {} ranks and holds per-rank "
         "state ({}) for each of them, but this job has {} ranks. Restart with {} ranks, or save "
         "that state as shared items",
-        path.string(), record.world_size, names, world_, record.world_size);
+        path, record.world_size, names, world_, record.world_size);
   }
   if (options_.on_world_size_change == WorldSizeChange::refuse)
     return fmt::format(
         "dtrain: cannot resume from checkpoint {}: it was written by {} ranks, this job has {}, "
         "and CheckpointOptions::on_world_size_change is refuse. Restart with {} ranks, or allow "
         "WorldSizeChange::reshard (samplers then continue the epoch over {} ranks)",
-        path.string(), record.world_size, world_, record.world_size, world_);
+        path, record.world_size, world_, record.world_size, world_);
   detail::log(LogLevel::warning,
               "dtrain: checkpoint {} was written by {} ranks, this job has {}: samplers that load "
               "its state re-shard the rest of epoch {} over {} ranks, and the global batch "
               "changes with the world size",
-              path.string(), record.world_size, world_, record.epoch, world_);
+              path, record.world_size, world_, record.epoch, world_);
   return {};
 }
 

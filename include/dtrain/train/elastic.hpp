@@ -52,7 +52,6 @@
 // restores.
 #include <chrono>
 #include <cstdint>
-#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <optional>
@@ -74,7 +73,7 @@ inline constexpr int resize_exit_status = 75;
 struct Options {
   // This host's own folder (a local disk, or /dev/shm); "{host}" is replaced by the host's name.
   // Created by each host's writer.
-  std::filesystem::path directory;
+  std::string directory;
   std::int64_t commit_every = 0;  // commit_due(step): every this many steps; 0: never
   int keep_last = 2;              // commits kept on each host; 0 keeps every one
   std::chrono::milliseconds launcher_timeout{2000};  // connection and answer, together
@@ -141,7 +140,7 @@ class State {
   // This world's generation: 0 outside elastic mode.
   std::int64_t generation() const noexcept { return launch_.generation; }
   // Options::directory with "{host}" replaced: this host's folder.
-  const std::filesystem::path& directory() const noexcept { return directory_; }
+  const std::string& directory() const noexcept { return directory_; }
   // Whether this rank writes its host's commits (its local rank 0).
   bool writes() const noexcept { return writer_; }
   const Options& options() const noexcept { return options_; }
@@ -151,7 +150,7 @@ class State {
 
   Options options_;
   Launch launch_;
-  std::filesystem::path directory_;
+  std::string directory_;
   int rank_ = 0;
   int world_ = 1;
   bool writer_ = false;

@@ -131,7 +131,7 @@ DTRAIN_API State::State(Options options)
     problem = e.what();
   }
   const std::string host = dtrain::detail::this_host_name();
-  directory_ = dtrain::detail::resolve_commit_directory(options_.directory, host);
+  directory_ = dtrain::detail::resolve_commit_directory(options_.directory, host).string();
   if (problem.empty() && writer_)
     problem = dtrain::detail::claim_commit_directory(directory_, host);
   if (problem.empty() && rank_ == 0 && launch_.elastic)
@@ -182,7 +182,7 @@ DTRAIN_API void State::wait() {
     workings_->spare = workings_->write.get();
   } catch (const std::exception& e) {
     throw CheckpointError(fmt::format("dtrain: elastic: writing a commit into {} failed: {}",
-                                      directory_.string(), e.what()));
+                                      directory_, e.what()));
   }
 }
 
@@ -213,7 +213,7 @@ DTRAIN_API std::optional<RestoredCheckpoint> State::restore() {
   if (*newest < 0) {
     if (rank_ == 0)
       d::log(LogLevel::info, "dtrain: elastic: no host holds a commit in {}: starting afresh",
-             options_.directory.string());
+             options_.directory);
     return std::nullopt;
   }
   const std::int64_t step = *newest;
@@ -245,8 +245,8 @@ DTRAIN_API std::optional<RestoredCheckpoint> State::restore() {
            "host, written by {} ranks; {} ranks now",
            step, record.epoch, holder, record.world_size, world_);
   last_commit_ = step;
-  return RestoredCheckpoint(std::move(bytes), std::move(record),
-                            directory_ / d::checkpoint_file_name(step), rank_);
+  const auto file = std::filesystem::path(directory_) / d::checkpoint_file_name(step);
+  return RestoredCheckpoint(std::move(bytes), std::move(record), file.string(), rank_);
 }
 
 DTRAIN_API void State::commit(const TrainingProgress& progress,
@@ -263,7 +263,7 @@ DTRAIN_API void State::commit(const TrainingProgress& progress,
           "dtrain: elastic: the commit folder {} holds {} (step {}), later than this commit (step "
           "{}), and this job did not restore(): call restore() first, as every world should, or "
           "use an empty folder",
-          directory_.string(), files.back().path.filename().string(), files.back().step,
+          directory_, files.back().path.filename().string(), files.back().step,
           progress.step);
   }
   checked_folder_ = true;
