@@ -20,6 +20,8 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/runtime/process_set_impl.hpp"
 #include "dtrain/runtime/session_impl.hpp"
 #include "dtrain/runtime/submission_impl.hpp"
+#include "dtrain/train/broadcast_parameters_impl.hpp"
 #include "dtrain/train/checkpoint_impl.hpp"
+#include "dtrain/train/distributed_optimizer_impl.hpp"
 #include "dtrain/train/elastic_impl.hpp"
 #include "dtrain/train/objects_impl.hpp"

@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/core/log_sink.hpp"
 #include "dtrain/core/logging.hpp"
 
 namespace dtrain::test {

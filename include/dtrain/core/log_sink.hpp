@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <ctime>
@@ -15,6 +16,10 @@
 #include "dtrain/core/log_level.hpp"
 
 namespace dtrain::detail {
+
+// The logger's level and the rank its lines name (set by the runtime at init; -1 = unknown).
+inline std::atomic<int> log_level_value{static_cast<int>(LogLevel::warning)};
+inline std::atomic<int> log_rank{-1};
 
 // `[dtrain HH:MM:SS.mmm rank R] level: message` in local time, without a trailing newline.
 inline std::string format_log_line(LogLevel level, std::string_view message,

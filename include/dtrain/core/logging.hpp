@@ -3,7 +3,6 @@
 // written whole so lines from threads and ranks sharing a terminal do not interleave.
 #include <fmt/format.h>
 
-#include <atomic>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -14,24 +13,14 @@
 
 namespace dtrain {
 
-namespace detail {
-inline std::atomic<int> log_level_value{static_cast<int>(LogLevel::warning)};
-inline std::atomic<int> log_rank{-1};  // set by the runtime at init; -1 = unknown
-}  // namespace detail
-
 inline LogLevel parse_log_level(std::string_view text) {
   if (auto level = detail::try_parse_log_level(text)) return *level;
   throw InvalidArgumentError(fmt::format("dtrain: \"{}\" is not a log level: expected one of {}",
                                          text, detail::log_level_choices));
 }
 
-inline void set_log_level(LogLevel level) noexcept {
-  detail::log_level_value.store(static_cast<int>(level), std::memory_order_relaxed);
-}
-
-inline LogLevel log_level() noexcept {
-  return static_cast<LogLevel>(detail::log_level_value.load(std::memory_order_relaxed));
-}
+DTRAIN_API void set_log_level(LogLevel level) noexcept;
+DTRAIN_API LogLevel log_level() noexcept;
 
 namespace detail {
 
@@ -39,9 +28,7 @@ namespace detail {
 // log itself. An empty function restores the default (stderr).
 DTRAIN_API void set_log_sink(std::function<void(std::string_view line)> sink);
 
-inline bool log_enabled(LogLevel level) noexcept {
-  return static_cast<int>(level) >= log_level_value.load(std::memory_order_relaxed);
-}
+DTRAIN_API bool log_enabled(LogLevel level) noexcept;
 
 DTRAIN_API void emit_log_line(LogLevel level, std::string_view message);
 

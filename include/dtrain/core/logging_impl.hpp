@@ -10,7 +10,23 @@
 #include "dtrain/core/log_sink.hpp"
 #include "dtrain/core/logging.hpp"
 
+namespace dtrain {
+
+DTRAIN_API void set_log_level(LogLevel level) noexcept {
+  detail::log_level_value.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+DTRAIN_API LogLevel log_level() noexcept {
+  return static_cast<LogLevel>(detail::log_level_value.load(std::memory_order_relaxed));
+}
+
+}  // namespace dtrain
+
 namespace dtrain::detail {
+
+DTRAIN_API bool log_enabled(LogLevel level) noexcept {
+  return static_cast<int>(level) >= log_level_value.load(std::memory_order_relaxed);
+}
 
 DTRAIN_API void set_log_sink(std::function<void(std::string_view line)> sink) {
   LogSinkState& state = log_sink_state();

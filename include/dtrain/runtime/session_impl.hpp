@@ -20,6 +20,7 @@
 #include "dtrain/comm/mpi_datatype.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/config_knobs.hpp"
+#include "dtrain/core/log_sink.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/launch_check.hpp"
 #include "dtrain/runtime/profile_hooks.hpp"

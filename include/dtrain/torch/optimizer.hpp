@@ -51,6 +51,7 @@
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/broadcast_parameters.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
+#include "dtrain/train/objects.hpp"
 #include "dtrain/train/step_gate.hpp"
 
 namespace dtrain {

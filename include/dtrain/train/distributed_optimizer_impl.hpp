@@ -1,0 +1,52 @@
+#pragma once
+#include <atomic>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/train/distributed_optimizer.hpp"
+
+namespace dtrain::detail {
+
+DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
+  if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::op = {}: gradients are combined with Average or Sum",
+        o.op));
+  if (o.backward_passes_per_step < 1)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::backward_passes_per_step = {}: must be at least 1",
+        o.backward_passes_per_step));
+  if (!std::isfinite(o.gradient_predivide_factor) || o.gradient_predivide_factor <= 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::gradient_predivide_factor = {}: must be a positive "
+        "finite number", o.gradient_predivide_factor));
+  if (o.bucket_bytes && *o.bucket_bytes < 0)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::bucket_bytes = {}: must be at least 0 (0: each "
+        "gradient is submitted as backward produces it)",
+        *o.bucket_bytes));
+  if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
+    throw InvalidArgumentError(
+        "dtrain: DistributedOptimizerOptions::gradient_predivide_factor applies to "
+        "ReduceOp::Average only");
+}
+
+DTRAIN_API std::string optimizer_group_name(const std::string& given) {
+  static std::atomic<int> counter{0};
+  return given.empty() ? fmt::format("DistributedOptimizer.{}", counter.fetch_add(1)) : given;
+}
+
+DTRAIN_API AllreduceOptions gradient_allreduce_options(const DistributedOptimizerOptions& o,
+                                                       std::string name) {
+  AllreduceOptions a;
+  a.op = o.op;
+  a.prescale = 1.0 / o.gradient_predivide_factor;
+  a.postscale = o.gradient_predivide_factor;
+  a.name = std::move(name);
+  return a;
+}
+}  // namespace dtrain::detail
