@@ -42,6 +42,14 @@
 # ncclCommGrow, ...), and at run time only one libnccl.so.2 can be loaded. dtrain_find_torch()
 # therefore runs before dtrain's own dependencies are found and makes dtrain::cuda use the NCCL
 # that the libtorch ships, when it ships one.
+#
+# Note [libtorch and the CUDA dialect]
+# A CUDA-enabled libtorch's package sets CMAKE_CUDA_STANDARD to CMAKE_CXX_STANDARD when it is
+# unset, then probes the GPUs with a CUDA try_run in that dialect. A project that asks for C++20
+# the usual way, set(CMAKE_CXX_STANDARD 20), makes that probe CUDA20, for which CMake 3.25 knows no
+# nvcc flag: the configure stops inside libtorch ("requires the language dialect CUDA20"). libtorch
+# needs C++17, so dtrain_find_torch() loads it with CMAKE_CUDA_STANDARD 17 when the project chose
+# no CUDA dialect, and unsets it again afterwards: the project's own CUDA targets are untouched.
 include_guard(GLOBAL)
 
 set(DTRAIN_REQUIRE_TORCH OFF CACHE BOOL
@@ -113,11 +121,46 @@ function(_dtrain_torch_config_version out dir)
   set(${out} "${PACKAGE_VERSION}" PARENT_SCOPE)
 endfunction()
 
+# Note [libtorch without the CUDA toolkit]
+# The pinned libtorch is PyPI's torch wheel, which is CUDA-enabled. Its CMake package enables the
+# CUDA language and finds the CUDA toolkit, so without nvcc the configure stops, although the CPU
+# demo and every CPU test need nothing of CUDA at build time. Where no nvcc is found, dtrain
+# therefore does not load that package: it defines libtorch's C++ frontend for CPUs itself from
+# the prefix, as dtrain_libtorch_cpu -- the headers, libtorch_cpu and libc10 (libtorch.so would
+# also load libtorch_cuda), and torch_cpu's interface definitions. libtorch_cpu loads the CUDA
+# runtime it links from the NVIDIA wheels installed beside torch (its RPATH), with no GPU needed;
+# torch::cuda::is_available() is false. Installing nvcc from PyPI instead (nvidia-cuda-nvcc) is
+# not enough: the package's CUDA language check compiles device code, which needs NVVM and a host
+# compiler nvcc accepts, a toolkit in all but name, for a program that runs on CPUs.
+function(_dtrain_torch_cpu_target prefix problem_out)
+  set(problem "")
+  foreach(name IN ITEMS torch_cpu c10)
+    if(NOT EXISTS "${prefix}/lib/lib${name}.so")
+      set(problem "${prefix}/lib/lib${name}.so is missing")
+    endif()
+  endforeach()
+  if(NOT EXISTS "${prefix}/include/torch/csrc/api/include/torch/torch.h")
+    set(problem "${prefix}/include/torch/csrc/api/include/torch/torch.h is missing")
+  endif()
+  if(NOT problem AND NOT TARGET dtrain_libtorch_cpu)
+    # GLOBAL: a project that vendors dtrain links dtrain::torch, and so this target, from its own
+    # directories.
+    add_library(dtrain_libtorch_cpu INTERFACE IMPORTED GLOBAL)
+    set_target_properties(dtrain_libtorch_cpu PROPERTIES
+      INTERFACE_INCLUDE_DIRECTORIES "${prefix}/include;${prefix}/include/torch/csrc/api/include"
+      INTERFACE_COMPILE_DEFINITIONS "USE_DISTRIBUTED;USE_C10D_GLOO;USE_RPC;USE_TENSORPIPE"
+      INTERFACE_COMPILE_FEATURES cxx_std_20
+      INTERFACE_LINK_LIBRARIES "${prefix}/lib/libtorch_cpu.so;${prefix}/lib/libc10.so")
+  endif()
+  set(${problem_out} "${problem}" PARENT_SCOPE)
+endfunction()
+
 # A macro, so find_package(Torch)'s variables and targets belong to the calling directory.
 macro(dtrain_find_torch)
   set(DTRAIN_TORCH_FOUND OFF)
   set(DTRAIN_TORCH_CUDA OFF)
   set(_dtrain_torch_ok ON)
+  set(_dtrain_torch_cpu_path OFF)
   # Which TorchConfig.cmake, and its version, before loading it: loading runs the package's own
   # checks, and a CUDA-enabled libtorch's package stops the whole configure when the CUDA toolkit
   # is missing, so that case is told apart first.
@@ -140,17 +183,38 @@ macro(dtrain_find_torch)
       set(_dtrain_torch_has_nvcc "${_dtrain_torch_nvcc}")
       unset(_dtrain_torch_nvcc CACHE)
       if(NOT _dtrain_torch_has_nvcc)
-        _dtrain_torch_unusable(
-          "the libtorch ${_dtrain_torch_version} at ${_dtrain_torch_prefix} is CUDA-enabled, and "
-          "its CMake package needs the CUDA toolkit (nvcc), which was not found: set "
-          "CUDAToolkit_ROOT or CUDA_HOME, or put nvcc on PATH")
-        set(_dtrain_torch_ok OFF)
+        set(_dtrain_torch_cpu_path ON)  # Note [libtorch without the CUDA toolkit]
       endif()
     endif()
   endif()
-  if(_dtrain_torch_ok)
+  if(_dtrain_torch_ok AND _dtrain_torch_cpu_path)
+    _dtrain_torch_cpu_target("${_dtrain_torch_prefix}" _dtrain_torch_cpu_problem)
+    if(_dtrain_torch_cpu_problem)
+      _dtrain_torch_unusable(
+        "the libtorch ${_dtrain_torch_version} at ${_dtrain_torch_prefix} is CUDA-enabled, its "
+        "CMake package needs the CUDA toolkit (nvcc), which was not found, and its CPU libraries "
+        "cannot be used without it: ${_dtrain_torch_cpu_problem}. Set CUDAToolkit_ROOT or "
+        "CUDA_HOME, or put nvcc on PATH")
+    else()
+      set(DTRAIN_TORCH_FOUND ON)
+      set(Torch_VERSION "${_dtrain_torch_version}")
+      set(TORCH_LIBRARIES dtrain_libtorch_cpu)
+      message(STATUS "dtrain: no CUDA toolkit (nvcc) for the CUDA-enabled libtorch at "
+                     "${_dtrain_torch_prefix}: using its CPU libraries without its CMake package "
+                     "(programs run on CPUs; dtrain::torch has no device path)")
+    endif()
+  elseif(_dtrain_torch_ok)
     set(Torch_DIR "${_dtrain_torch_config}" CACHE PATH "libtorch's CMake package" FORCE)
+    # Note [libtorch and the CUDA dialect]: CUDA 17 for libtorch's probe, where none was chosen.
+    set(_dtrain_torch_cuda_standard OFF)
+    if(NOT DEFINED CMAKE_CUDA_STANDARD)
+      set(CMAKE_CUDA_STANDARD 17)
+      set(_dtrain_torch_cuda_standard ON)
+    endif()
     find_package(Torch CONFIG QUIET PATHS "${_dtrain_torch_config}" NO_DEFAULT_PATH)
+    if(_dtrain_torch_cuda_standard)
+      unset(CMAKE_CUDA_STANDARD)
+    endif()
     if(NOT Torch_FOUND)
       _dtrain_torch_unusable("the libtorch CMake package in ${_dtrain_torch_config} did not load")
     else()
