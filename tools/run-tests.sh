@@ -2,7 +2,8 @@
 # Sets up a fresh Debian 12 machine and runs every dtrain test: installs the missing apt packages
 # and the tested libtorch (PyPI's torch wheel, into .venv/), configures against MPICH and that
 # libtorch, builds, runs ctest. A libtorch that cannot be used fails the configure: the libtorch
-# tests are never skipped here.
+# tests are never skipped here. Then the Open MPI configuration (tools/run-openmpi-tests.sh): a
+# second build against Open MPI and its multi-process subset, in <build>-openmpi.
 #
 #   tools/run-tests.sh            (build directory: build/, or $DTRAIN_BUILD_DIR)
 set -euo pipefail
@@ -11,7 +12,7 @@ build=${DTRAIN_BUILD_DIR:-$root/build}
 jobs=$(nproc)
 
 # --slurm: the tests of tests/slurm run dtrain jobs through a private SLURM cluster.
-"$root/tools/install-deps.sh" --torch --browser --slurm
+"$root/tools/install-deps.sh" --torch --browser --slurm --openmpi
 torch_prefix=$("$root/tools/setup-libtorch.sh")
 # pycocotools, for the test that scores the Mask R-CNN example's output with the reference COCO API.
 venv=${DTRAIN_TORCH_VENV:-$root/.venv}
@@ -25,5 +26,7 @@ unset DTRAIN_TORCH_VENV DTRAIN_BUILD_DIR
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich \
   -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON -DMASK_RCNN_PYTHON="$venv/bin/python"
 cmake --build "$build" -j "$jobs"
-cd "$build"
-ctest --output-on-failure -j "$jobs"
+status=0
+(cd "$build" && ctest --output-on-failure -j "$jobs") || status=$?
+DTRAIN_OPENMPI_BUILD_DIR="$build-openmpi" "$root/tools/run-openmpi-tests.sh" || status=$?
+exit "$status"

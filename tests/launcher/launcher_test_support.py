@@ -49,6 +49,15 @@ def dtrainrun(*args, env=None, timeout=120, stdin=subprocess.DEVNULL, bounded=Fa
                           preexec_fn=bound_memory if bounded else None)
 
 
+def built_mpi_flavor():
+    """The MPI dtrainrun's build was configured with ("mpich" or "openmpi"), from its build.json."""
+    entry = os.path.realpath(DTRAINRUN)
+    build_json = os.path.join(os.path.dirname(os.path.dirname(entry)), "share", "dtrain",
+                              "launcher", "build.json")
+    with open(build_json) as f:
+        return json.load(f)["mpi_flavor"]
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("", 0))
