@@ -29,10 +29,11 @@ RULES = ("Low GPU utilization", "Data-loader bound", "Communication bound", "Str
          "Batch too small for the device", "CPU oversubscribed", "Step outliers",
          "Initialization time", "GPU memory increase", "I/O bottleneck", "GPU load balancing",
          "Overall system usage")
-# The killed run: a wider model (slower steps), so that the steps before the kill have had time to
-# reach the file (the profile writer flushes every 250 ms, not every step), and a kill well after
-# the first flush.
-KILLED_HIDDEN, KILLED_AFTER_STEP = 2048, 200
+# The killed run: a wider model (slower steps) and more of them, so that the steps before the kill
+# have had time to reach the file (the profile writer flushes every 250 ms, not every step): the
+# kill comes after 1200 steps, at least half a second in even on a fast, idle machine (200 steps
+# once took under 0.1 s, and the kill came before the first flush).
+KILLED_HIDDEN, KILLED_SAMPLES, KILLED_AFTER_STEP = 2048, 30000, 1200
 
 failures = []
 
@@ -57,9 +58,9 @@ def main() -> int:
     shutil.rmtree(a.work, ignore_errors=True)
     a.work.mkdir(parents=True)
     env = dict(os.environ, DTRAIN_PROFILE=str(profile), DTRAIN_PROFILE_INTERVAL_MS="100")
-    def trainer_command(hidden):
+    def trainer_command(hidden, samples=SAMPLES):
         return [a.mpiexec] + [x for x in a.mpiexec_args.split(";") if x] + \
-            [a.trainer, "--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--hidden", str(hidden)]
+            [a.trainer, "--epochs", str(EPOCHS), "--samples", str(samples), "--hidden", str(hidden)]
     command = trainer_command(HIDDEN)
     print("running:", " ".join(command), flush=True)
     trained = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -115,7 +116,7 @@ def main() -> int:
     killed = a.work / "killed"
     env["DTRAIN_PROFILE"] = str(killed)
     crashed = subprocess.run(
-        trainer_command(KILLED_HIDDEN) +
+        trainer_command(KILLED_HIDDEN, KILLED_SAMPLES) +
         ["--crash-rank", "1", "--crash-after-step", str(KILLED_AFTER_STEP)],
         env=env, capture_output=True, text=True, timeout=300)
     check(crashed.returncode != 0, "the trainer told to kill a rank exited with 0")
