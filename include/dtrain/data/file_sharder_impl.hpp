@@ -102,7 +102,8 @@ DTRAIN_API std::vector<std::string> shard_files(const std::string& dir, std::str
   const std::vector<std::string> files = list_files(dir, pattern);
   if (files.empty()) {
     throw InvalidArgumentError(fmt::format(
-        "dtrain: shard_files: no regular file in '{}' matches '{}'; check the directory and the pattern",
+        "dtrain: shard_files: no regular file in '{}' matches '{}'; check the directory and the "
+        "pattern",
         dir, pattern));
   }
   return shard_files(files, partition, options);

@@ -82,6 +82,21 @@ Request reduction(Request q, const Options& options) {
   return q;
 }
 
+// Reads `tensor` and makes its request within `op`'s checks; `more` adds the op's own checks to
+// the request (or turns it into a reduction).
+template <class More>
+std::pair<TensorInfo, Request> read_checked(const NamedOp& op, const TensorSource& tensor,
+                                            More&& more) {
+  TensorInfo t;
+  Request q = checked(op, [&] {
+    t = tensor.read();
+    return more(describe(t, op));
+  });
+  return {std::move(t), std::move(q)};
+}
+
+inline Request no_more_checks(Request q) { return q; }
+
 // Submits the single entry made of `q`, after `attach` gave it its memory; returns its state.
 template <class Attach>
 std::shared_ptr<OpState> submit_one(const NamedOp& op, Request q, Attach&& attach) {
@@ -92,37 +107,15 @@ std::shared_ptr<OpState> submit_one(const NamedOp& op, Request q, Attach&& attac
   return state;
 }
 
-DTRAIN_API Handle submit_allreduce(TensorSource tensor, const AllreduceOptions& options) {
-  const auto op = name_op(options.name, OpKind::allreduce, "allreduce", options.process_set);
-  TensorInfo t;
-  auto q = checked(op, [&] {
-    t = tensor.read();
-    return reduction(describe(t, op), options);
-  });
-  return Handle(submit_one(op, std::move(q), [&](Entry& e) {
+// The entry of an in-place op works on `t`'s memory.
+inline auto in_place(const TensorInfo& t) {
+  return [&t](Entry& e) {
     e.data = t.mutable_data;
     e.stream = t.stream;
-  }));
+  };
 }
 
-DTRAIN_API Handle submit_broadcast(TensorSource tensor, int root_rank,
-                                   const CollectiveOptions& options) {
-  const auto op = name_op(options.name, OpKind::broadcast, "broadcast", options.process_set);
-  TensorInfo t;
-  auto q = checked(op, [&] {
-    t = tensor.read();
-    auto q = describe(t, op);
-    check_root(q, root_rank, op.set);
-    return q;
-  });
-  q.root = root_rank;
-  return Handle(submit_one(op, std::move(q), [&](Entry& e) {
-    e.data = t.mutable_data;
-    e.stream = t.stream;
-  }));
-}
-
-// An op with a new output: the entry reads `t` and makes its output with `make_output`.
+// The entry of an op with a new output reads `t` and makes its output with `make_output`.
 inline auto with_output(const TensorInfo& t, OutputMaker& make_output) {
   return [&](Entry& e) {
     e.input = t.data;
@@ -131,14 +124,29 @@ inline auto with_output(const TensorInfo& t, OutputMaker& make_output) {
   };
 }
 
+DTRAIN_API Handle submit_allreduce(TensorSource tensor, const AllreduceOptions& options) {
+  const auto op = name_op(options.name, OpKind::allreduce, "allreduce", options.process_set);
+  auto [t, q] = read_checked(op, tensor, [&](Request r) {
+    return reduction(std::move(r), options);
+  });
+  return Handle(submit_one(op, std::move(q), in_place(t)));
+}
+
+DTRAIN_API Handle submit_broadcast(TensorSource tensor, int root_rank,
+                                   const CollectiveOptions& options) {
+  const auto op = name_op(options.name, OpKind::broadcast, "broadcast", options.process_set);
+  auto [t, q] = read_checked(op, tensor, [&](Request r) {
+    check_root(r, root_rank, op.set);
+    return r;
+  });
+  q.root = root_rank;
+  return Handle(submit_one(op, std::move(q), in_place(t)));
+}
+
 DTRAIN_API std::shared_ptr<OpState> submit_allgather(TensorSource tensor, OutputMaker make_output,
                                                      const CollectiveOptions& options) {
   const auto op = name_op(options.name, OpKind::allgather, "allgather", options.process_set);
-  TensorInfo t;
-  auto q = checked(op, [&] {
-    t = tensor.read();
-    return describe(t, op);
-  });
+  auto [t, q] = read_checked(op, tensor, no_more_checks);
   return submit_one(op, std::move(q), with_output(t, make_output));
 }
 
@@ -147,10 +155,8 @@ DTRAIN_API std::shared_ptr<OpState> submit_reducescatter(TensorSource tensor,
                                                          const ReducescatterOptions& options) {
   const auto op =
       name_op(options.name, OpKind::reducescatter, "reducescatter", options.process_set);
-  TensorInfo t;
-  auto q = checked(op, [&] {
-    t = tensor.read();
-    return reduction(describe(t, op), options);
+  auto [t, q] = read_checked(op, tensor, [&](Request r) {
+    return reduction(std::move(r), options);
   });
   return submit_one(op, std::move(q), with_output(t, make_output));
 }
@@ -160,12 +166,9 @@ DTRAIN_API std::shared_ptr<OpState> submit_alltoall(
     std::function<void(std::vector<std::int64_t>)> set_received_splits,
     const CollectiveOptions& options) {
   const auto op = name_op(options.name, OpKind::alltoall, "alltoall", options.process_set);
-  TensorInfo t;
-  auto q = checked(op, [&] {
-    t = tensor.read();
-    auto q = describe(t, op);
-    check_splits(q, splits, op.set);
-    return q;
+  auto [t, q] = read_checked(op, tensor, [&](Request r) {
+    check_splits(r, splits, op.set);
+    return r;
   });
   return submit_one(op, std::move(q), [&](Entry& e) {
     with_output(t, make_output)(e);

@@ -35,7 +35,8 @@ DTRAIN_API void check_same_parameters(const std::vector<ParamDescriptor>& mine, 
                                       std::string_view what, std::string local_error) {
   const int world = size();
   if (local_error.empty() && (root_rank < 0 || root_rank >= world))
-    local_error = fmt::format("root_rank {} is not a rank of this world of size {}", root_rank, world);
+    local_error =
+        fmt::format("root_rank {} is not a rank of this world of size {}", root_rank, world);
   const auto all = allgather_object(ParameterList{std::move(local_error), mine},
                                     fmt::format("{}.check", what));
   for (std::size_t r = 0; r < all.size(); ++r)

@@ -10,7 +10,8 @@ namespace dtrain::detail {
 inline std::string object_op_name(std::string_view given, OpKind kind, std::string_view caller) {
   NamedOp op = name_op(given, kind, caller);
   const std::string base = op.name;
-  op.name = base + (kind == OpKind::broadcast ? ".size" : ".sizes");  // what the peers wait on first
+  // The collective the peers wait on first.
+  op.name = base + (kind == OpKind::broadcast ? ".size" : ".sizes");
   checked(op, [] {});
   return base;
 }
