@@ -17,13 +17,13 @@ unset DTRAIN_OPENMPI_BUILD_DIR
 
 targets=(mpi_allreduce_test mpi_collectives_test mpi_grouped_collectives_test mpi_errors_test
          engine_negotiation engine_process_sets reliability_faults
-         launcher_topology_probe plain_train dtrain_build_info)
+         launcher_topology_probe dtrain_build_info)
 tests='^((mpi_allreduce_test|mpi_collectives_test|mpi_grouped_collectives_test|mpi_errors_test'
 tests+='|engine_negotiation|engine_process_sets|reliability_faults)[.]np[23]'
 tests+='|launcher_run|packaging[.]add_subdirectory)$'
 
-# No libtorch and no device path: this configuration is about the MPI.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=openmpi \
+# No libtorch, no device path and no debug information: this configuration is about the MPI.
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_MPI=openmpi \
   -DDTRAIN_WITH_CUDA=OFF -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCHMARKS=OFF
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 cd "$build"

@@ -1,11 +1,12 @@
 # cmake -DSOURCE_DIR=<dtrain> -DBINARY_DIR=<dir> -DTORCH_PREFIX=<libtorch prefix>
-#       -DCUDA_DIRS=<toolkit dirs> -DMPIEXEC=<launcher> -DOPTIONS=<cmake -D...> -P demo_without_cuda.cmake
+#       -DCUDA_DIRS=<toolkit dirs> -DMPIEXEC=<launcher> -DOPTIONS=<cmake -D...>
+#       -P demo_without_cuda.cmake
 #
 # The README's demo on a machine without the CUDA toolkit (Note [libtorch without the CUDA
-# toolkit] in cmake/dtrainTorch.cmake): configures dtrain as tools/demo.sh does, with the
-# CUDA-enabled libtorch and every CUDA_DIRS folder hidden from CMake and from PATH, builds the
-# ResNet trainer and runs it for a few steps on 2 ranks. It fails if the configure found a toolkit
-# after all, so it cannot pass by not hiding one.
+# toolkit] in cmake/dtrainTorch.cmake): configures dtrain as tools/demo.sh does (a Release build),
+# with the CUDA-enabled libtorch and every CUDA_DIRS folder hidden from CMake and from PATH, builds
+# the ResNet trainer and runs it for a few steps on 2 ranks. It fails if the configure found a
+# toolkit after all, so it cannot pass by not hiding one.
 cmake_minimum_required(VERSION 3.23)  # CMAKE_IGNORE_PREFIX_PATH
 foreach(var IN ITEMS SOURCE_DIR BINARY_DIR TORCH_PREFIX CUDA_DIRS MPIEXEC)
   if(NOT ${var})
@@ -13,8 +14,22 @@ foreach(var IN ITEMS SOURCE_DIR BINARY_DIR TORCH_PREFIX CUDA_DIRS MPIEXEC)
   endif()
 endforeach()
 
-# The toolkit's prefixes (some installs also put nvcc and the CUDA headers into /usr/local), their
-# bin/, include/ and lib folders, and PATH without any of them.
+# The toolkit's prefixes: those given, and every one whose bin/ holds an nvcc that PATH or CMake's
+# own search would find (some installs put nvcc and the CUDA headers into /usr/local as well).
+string(REPLACE ":" ";" path_entries "$ENV{PATH}")
+foreach(bin IN LISTS path_entries ITEMS /usr/local/bin /opt/cuda/bin)
+  if(EXISTS "${bin}/nvcc")
+    get_filename_component(prefix "${bin}" DIRECTORY)
+    if(prefix STREQUAL "/usr" OR prefix STREQUAL "/" OR prefix STREQUAL "")
+      # Hiding /usr would hide the compiler and MPI too.
+      message("SKIPPED: nvcc is in ${bin}, which cannot be hidden from CMake")
+      return()
+    endif()
+    list(APPEND CUDA_DIRS "${prefix}")
+  endif()
+endforeach()
+
+# Those prefixes, their bin/, include/ and lib folders, and PATH without any of them.
 set(ignore_prefixes)
 set(ignore_paths)
 foreach(dir IN LISTS CUDA_DIRS)
@@ -29,7 +44,6 @@ foreach(dir IN LISTS CUDA_DIRS)
 endforeach()
 list(REMOVE_DUPLICATES ignore_prefixes)
 list(REMOVE_DUPLICATES ignore_paths)
-string(REPLACE ":" ";" path_entries "$ENV{PATH}")
 set(path "")
 foreach(entry IN LISTS path_entries)
   set(keep ON)
