@@ -16,11 +16,11 @@
 namespace dtrain {
 namespace detail {
 
-// One member of a group as the compiled part sees it (Note [Compiled submission]); ops that
-// return new tensors make member i's output into element i of the group's outputs.
+// One member of a group whose op returns new tensors, as the compiled part sees it (Note
+// [Compiled submission]): member i makes its output into element i of the group's outputs.
 struct GroupMember {
   TensorSource tensor;
-  OutputMaker make_output;  // empty for in-place ops
+  OutputMaker make_output;
 };
 
 DTRAIN_API Handle submit_grouped_allreduce(std::vector<TensorSource> members,

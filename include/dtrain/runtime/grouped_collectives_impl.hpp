@@ -14,24 +14,29 @@
 
 namespace dtrain::detail {
 
-// Submits group `op` of `count` members, all or nothing: `member(i, name)` reads and checks
-// member i and returns its request named `name` (its checks reject the whole group), `attach(i,
-// entry)` gives its entry its memory. Returns the group's state: done when the last member is,
-// with the first member's error.
-template <class Member, class Attach>
-std::shared_ptr<OpState> submit_group(const NamedOp& op, std::int32_t count, Member&& member,
-                                      Attach&& attach) {
+// Submits group `op` of `count` members, all or nothing: member i's tensor (`source(i)`) is read
+// within the group's checks and described under the name "<group>.<i>", `more` adds the op's own
+// checks to its request (they reject the whole group), `attach(i, tensor, entry)` gives its entry
+// its memory. Returns the group's state: done when the last member is, with the first member's
+// error.
+template <class Source, class More, class Attach>
+std::shared_ptr<OpState> submit_group(const NamedOp& op, std::int32_t count, Source&& source,
+                                      More&& more, Attach&& attach) {
   const std::string& group = op.name;
   NamedOp rejecting = op;
   rejecting.name = group + ".rejected";
   rejecting.group = group;
   std::vector<std::shared_ptr<Entry>> entries;
   for (std::int32_t i = 0; i < count; ++i) {
-    Request q = checked(rejecting, [&] { return member(i, fmt::format("{}.{}", group, i)); });
+    TensorInfo t;
+    Request q = checked(rejecting, [&] {
+      t = source(i).read();
+      return more(describe(t, op, fmt::format("{}.{}", group, i)));
+    });
     q.group = group;
     q.group_size = count;
     auto e = new_entry(std::move(q));
-    attach(i, *e);
+    attach(i, t, *e);
     entries.push_back(std::move(e));
   }
   if (count == 0) {
@@ -54,56 +59,42 @@ DTRAIN_API Handle submit_grouped_allreduce(std::vector<TensorSource> members,
                                            const AllreduceOptions& options) {
   const auto op =
       name_op(options.name, OpKind::allreduce, "grouped_allreduce", options.process_set);
-  std::vector<TensorInfo> tensors(members.size());
-  auto member = [&](std::int32_t i, std::string name) {
-    auto& t = tensors[static_cast<std::size_t>(i)];
-    t = members[static_cast<std::size_t>(i)].read();
-    return reduction(describe(t, op, std::move(name)), options);
-  };
-  auto attach = [&](std::int32_t i, Entry& e) {
-    const auto& t = tensors[static_cast<std::size_t>(i)];
-    e.data = t.mutable_data;
-    e.stream = t.stream;
-  };
-  return Handle(
-      submit_group(op, static_cast<std::int32_t>(members.size()), member, attach));
+  return Handle(submit_group(
+      op, static_cast<std::int32_t>(members.size()),
+      [&](std::int32_t i) -> const TensorSource& { return members[static_cast<std::size_t>(i)]; },
+      [&](Request q) { return reduction(std::move(q), options); },
+      [](std::int32_t, const TensorInfo& t, Entry& e) { in_place(t)(e); }));
 }
 
-// A group whose members each return a new tensor; `request` makes a member's request of its
-// tensor and name.
-template <class MakeRequest>
+// A group whose members each return a new tensor: member i's output is made by its OutputMaker.
+template <class More>
 std::shared_ptr<OpState> submit_group_with_outputs(const NamedOp& op,
                                                    std::vector<GroupMember>& members,
-                                                   MakeRequest&& request) {
-  std::vector<TensorInfo> tensors(members.size());
-  auto member = [&](std::int32_t i, std::string name) {
-    auto& t = tensors[static_cast<std::size_t>(i)];
-    t = members[static_cast<std::size_t>(i)].tensor.read();
-    return request(t, std::move(name));
-  };
-  auto attach = [&](std::int32_t i, Entry& e) {
-    with_output(tensors[static_cast<std::size_t>(i)],
-                members[static_cast<std::size_t>(i)].make_output)(e);
-  };
-  return submit_group(op, static_cast<std::int32_t>(members.size()), member, attach);
+                                                   More&& more) {
+  return submit_group(
+      op, static_cast<std::int32_t>(members.size()),
+      [&](std::int32_t i) -> const TensorSource& {
+        return members[static_cast<std::size_t>(i)].tensor;
+      },
+      more,
+      [&](std::int32_t i, const TensorInfo& t, Entry& e) {
+        with_output(t, members[static_cast<std::size_t>(i)].make_output)(e);
+      });
 }
 
 DTRAIN_API std::shared_ptr<OpState> submit_grouped_allgather(std::vector<GroupMember> members,
                                                              const CollectiveOptions& options) {
   const auto op =
       name_op(options.name, OpKind::allgather, "grouped_allgather", options.process_set);
-  return submit_group_with_outputs(op, members, [&](const TensorInfo& t, std::string name) {
-    return describe(t, op, std::move(name));
-  });
+  return submit_group_with_outputs(op, members, no_more_checks);
 }
 
 DTRAIN_API std::shared_ptr<OpState> submit_grouped_reducescatter(
     std::vector<GroupMember> members, const ReducescatterOptions& options) {
   const auto op = name_op(options.name, OpKind::reducescatter, "grouped_reducescatter",
                           options.process_set);
-  return submit_group_with_outputs(op, members, [&](const TensorInfo& t, std::string name) {
-    return reduction(describe(t, op, std::move(name)), options);
-  });
+  return submit_group_with_outputs(
+      op, members, [&](Request q) { return reduction(std::move(q), options); });
 }
 
 }  // namespace dtrain::detail
