@@ -68,9 +68,14 @@ inline HierarchicalPlan plan_hierarchical(std::int64_t n, int local_size, int pa
 }
 
 // In-place allreduce of `n` elements of `buf` through the host hierarchy. `op` must not be
-// Average (fold it into a postscale). `scratch` holds this rank's piece between the steps. The
-// result is multiplied by `factor` while the piece is copied back, so a scaled allreduce costs no
-// extra pass (Note [Scaled allreduce]). Collective over both communicators of `h`.
+// Average (fold it into a postscale). `scratch` holds the pieces between the steps. The result is
+// multiplied by `factor` while the pieces are copied back, so a scaled allreduce costs no extra
+// pass (Note [Scaled allreduce]). Collective over both communicators of `h`.
+//
+// The in-host gather is an MPI_Allgather (Note [Allgather, not Allgatherv]): where the pieces are
+// of one size it gathers straight into `buf`; where they are not (n not a multiple of the parts, or
+// hosts of different sizes) every local rank's piece sits in a block of the largest piece's size in
+// `scratch`, and the blocks are gathered there and copied out.
 inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op,
                                    const HierarchyComms& h, HostBuffer& scratch,
                                    std::int64_t chunk_elems, double factor = 1.0) {
@@ -78,25 +83,30 @@ inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, Re
     throw Error("dtrain: internal error: hierarchical allreduce without host communicators");
   const HierarchicalPlan plan = plan_hierarchical(n, h.local_size, h.parts);
   const std::int64_t mine = plan.counts[h.local_rank];
+  const std::int64_t block = plan.largest();
   const std::size_t es = element_size(dtype);
+  const bool even = equal_counts(plan.counts);
+  const bool blocks = !even && block * h.local_size <= mpi_count_limit();
   // Never a zero-byte reservation: MPI rejects a null send buffer even for a zero count.
-  void* piece = scratch.reserve(static_cast<std::size_t>(std::max<std::int64_t>(mine, 1)) * es);
+  const std::int64_t reserved = std::max<std::int64_t>(blocks ? block * h.local_size : mine, 1);
+  char* area = static_cast<char*>(scratch.reserve(static_cast<std::size_t>(reserved) * es));
+  void* piece = blocks ? byte_ptr(area, block * h.local_rank, dtype) : area;
 
   host_reduce_scatter(buf, piece, plan.counts, dtype, op, h.local, chunk_elems);
   if (mine > 0 && h.cross_size > 1) host_allreduce(piece, mine, dtype, op, h.cross, chunk_elems);
 
-  // Allgather inside the host, in place: this rank's piece goes where it would be received.
-  scale_copy(dtype, piece, byte_ptr(buf, plan.displs[h.local_rank], dtype), mine, factor);
-  if (fits_in_count(plan.counts)) {
-    auto c = to_int(plan.counts), d = to_int(plan.displs);
-    mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, c.data(), d.data(),
-                             mpi_datatype(dtype), h.local),
-              "MPI_Allgatherv");
-  } else {
+  if (blocks) {
+    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, area, static_cast<int>(block),
+                            mpi_datatype(dtype), h.local),
+              "MPI_Allgather");
     for (int k = 0; k < h.local_size; ++k)
-      host_broadcast(byte_ptr(buf, plan.displs[k], dtype), plan.counts[k], dtype, k, h.local,
-                     chunk_elems);
+      scale_copy(dtype, byte_ptr(area, block * k, dtype), byte_ptr(buf, plan.displs[k], dtype),
+                 plan.counts[k], factor);
+    return;
   }
+  // This rank's piece goes where it would be received; the gather is in place.
+  scale_copy(dtype, piece, byte_ptr(buf, plan.displs[h.local_rank], dtype), mine, factor);
+  host_allgatherv_in_place(buf, plan.counts, dtype, h.local, chunk_elems);
 }
 
 }  // namespace dtrain::detail
