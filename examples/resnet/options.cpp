@@ -44,6 +44,8 @@ epoch and gradients are averaged before each step, so the global batch is N x --
   --bucket-mb X             submit gradients for averaging in buckets of X MiB (default:
                             dtrain's choice by device: one bucket per step on the CPU, 25 MiB
                             on GPUs; 0: each gradient as soon as backward produces it)
+  --compression NAME        none (default), fp16 or bf16: gradients travel as 16-bit floats
+                            and are widened back after averaging (half the bytes on the wire)
   --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)
   --eval-samples N          evaluate on the first N test samples (default 0: all)
   --augment                 random crop with padding and horizontal flip
@@ -101,6 +103,7 @@ TrainOptions parse_options(const std::vector<std::string>& args) {
        }},
       {"threads", integer(o.threads, 0)},
       {"bucket-mb", real(o.bucket_mb, 0.0, huge, ">= 0")},
+      {"compression", one_of(o.compression, {"none", "fp16", "bf16"})},
       {"max-steps-per-epoch", integer(o.max_steps_per_epoch, 0)},
       {"eval-samples", integer(o.eval_samples, 0)},
       {"image-size", integer(o.image_size, 1)},

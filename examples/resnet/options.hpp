@@ -29,6 +29,7 @@ struct TrainOptions {
   std::uint64_t seed = 42;
   std::int64_t threads = 0;              // 0: choose_threads()
   double bucket_mb = -1;                 // < 0: DistributedOptimizer's default by device
+  std::string compression = "none";      // none | fp16 | bf16: the gradients' wire format
   std::int64_t max_steps_per_epoch = 0;  // 0: the whole training set every epoch
   std::int64_t eval_samples = 0;         // 0: the whole test set
   bool augment = false;                  // random crop (padding 2 or 4) + flip

@@ -338,6 +338,10 @@ int run(const TrainOptions& options) {
   dtrain::DistributedOptimizerOptions sync_options;
   if (options.bucket_mb >= 0)
     sync_options.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * (1 << 20));
+  // dtrain: --compression fp16/bf16: gradients cross the network as 16-bit floats.
+  sync_options.compression = options.compression == "fp16"   ? dtrain::Compression::fp16
+                             : options.compression == "bf16" ? dtrain::Compression::bf16
+                                                             : dtrain::Compression::none;
   dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters(), sync_options);
 
   // dtrain: this rank's shard of every epoch, a permutation fixed by (seed, epoch).
@@ -373,6 +377,8 @@ int run(const TrainOptions& options) {
         options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(),
         threads.threads, device.str(), seconds_since(load_start));
     fmt::print("threads: {}\n", threads.description);
+    if (options.compression != "none")
+      fmt::print("gradients travel as {} (--compression)\n", options.compression);
     std::int64_t parameters = 0;
     for (const auto& p : model->parameters()) parameters += p.numel();
     fmt::print("model: {}, {} parameters{}{}{}\n", options.model, parameters,

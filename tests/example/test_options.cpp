@@ -31,6 +31,7 @@ TEST_CASE("no flags: the defaults") {
   CHECK(o.batch_size == 128);
   CHECK(o.threads == 0);
   CHECK(o.bucket_mb < 0);  // DistributedOptimizer's default
+  CHECK(o.compression == "none");
   CHECK_FALSE(o.scale_lr);
   CHECK(o.norm == "batch");
   CHECK_FALSE(o.sync_bn);
@@ -64,6 +65,8 @@ TEST_CASE("every flag, in both spellings") {
                                                                 "--threads",
                                                                 "2",
                                                                 "--bucket-mb=0.5",
+                                                                "--compression",
+                                                                "bf16",
                                                                 "--max-steps-per-epoch",
                                                                 "10",
                                                                 "--eval-samples=500",
@@ -101,6 +104,7 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.seed == 123);
   CHECK(o.threads == 2);
   CHECK(o.bucket_mb == doctest::Approx(0.5));
+  CHECK(o.compression == "bf16");
   CHECK(o.max_steps_per_epoch == 10);
   CHECK(o.eval_samples == 500);
   CHECK(o.augment);
@@ -159,6 +163,8 @@ TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
         "--checkpoint-every needs --checkpoint-dir: the folder that holds the checkpoints");
   CHECK(usage_error({"--keep-checkpoints", "-1"}) == "--keep-checkpoints must be >= 0, got -1");
   CHECK(usage_error({"--bucket-mb", "-1"}) == "--bucket-mb must be >= 0, got -1");
+  CHECK(usage_error({"--compression", "int8"}) ==
+        "--compression must be one of none, fp16, bf16, got int8");
   CHECK(usage_error({"--crash-rank", "0"}) == "--crash-rank and --crash-after-step go together");
   CHECK(usage_error({"--elastic"}) ==
         "--elastic needs --checkpoint-dir: each host's own folder for the commits");
@@ -179,7 +185,7 @@ TEST_CASE("the usage text documents every flag") {
         "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
         "--crash-rank",     "--crash-after-step", "--bucket-mb", "--elastic",
-        "--sync-bn"}) {
+        "--sync-bn",        "--compression"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -244,7 +244,7 @@ TEST_CASE("trainer on 2 ranks: learns, and only rank 0 prints") {
   CHECK(epochs[2].test_accuracy > 75.0);  // four classes: chance is 25%
 }
 
-TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b") {
+TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b; fp16 near them") {
   // Group norm: batch norm would normalize each rank's half batch on its own statistics, which a
   // single process with the whole batch does not. Momentum and weight decay are on.
   TempDir dir;
@@ -278,6 +278,19 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
                                      load("two.pt")->named_parameters(), initial->named_parameters());
   CHECK(drift.worst < 1e-4);
   CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
+
+  // --compression fp16: the gradients are rounded to float16 on the wire, so the weights leave
+  // the float32 run's (bitwise: two ranks sum in one order every run) but stay close to them.
+  auto fp16_args = args("16", "fp16.pt");
+  fp16_args.insert(fp16_args.end(), {"--compression", "fp16"});
+  const auto fp16 = train(fp16_args, 2);
+  INFO(fp16.output);
+  REQUIRE(fp16.exit_code == 0);
+  const auto rounded = parameter_drift(load("fp16.pt")->named_parameters(),
+                                       load("two.pt")->named_parameters(),
+                                       initial->named_parameters());
+  CHECK(rounded.worst > 0.0);
+  CHECK(rounded.worst < 1e-2);
 }
 
 TEST_CASE("trainer --sync-bn: 2 ranks with batch b train as 1 rank with batch 2b and batch norm") {
