@@ -22,6 +22,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -52,6 +53,13 @@ class MpiProcess {
   MpiProcess(const MpiProcess&) = delete;
   MpiProcess& operator=(const MpiProcess&) = delete;
   ~MpiProcess() {
+    // What dtrain does when it finalizes MPI itself (Note [Finalize over TCP] in
+    // include/dtrain/runtime/session_impl.hpp): across hosts over TCP, MPICH/UCX can hang in
+    // MPI_Finalize while a last message is still in flight.
+    if (size_ > 1) {
+      MPI_Barrier(comm_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
     MPI_Comm_free(&comm_);
     MPI_Finalize();
   }
