@@ -107,6 +107,7 @@ class Harness:
                         "notes": []}
         self.cluster = None
         self.port = 29600
+        self.port_lock = threading.Lock()
         self.scratch = None
 
     # -- set-up ----------------------------------------------------------------------------
@@ -256,13 +257,15 @@ class Harness:
         """PyTorch DDP (gloo) across `hosts`: benchmarks/ddp_resnet.py on each host."""
         a = self.args
         world = len(hosts) * slots
-        self.port += 1
+        with self.port_lock:
+            self.port += 1
+            port = self.port
         common = [self.python, DDP_SCRIPT, "--model", a.model, "--image-size", str(a.image_size),
                   "--batch-size", str(a.batch_size), "--epochs", str(a.epochs), "--steps",
                   str(a.steps), "--samples", str(world * a.steps * a.batch_size), "--threads",
                   str(self.threads(slots)), "--ranks", str(slots), "--nodes", str(len(hosts)),
                   "--master-addr", self.cluster.host(hosts[0]).address, "--port",
-                  str(self.port), "--seed", "42"]
+                  str(port), "--seed", "42"]
         # gloo finds its interface from the host name, which nothing resolves here.
         env = dict(self.job_env(), GLOO_SOCKET_IFNAME="eth0")
         procs = []
@@ -290,6 +293,34 @@ class Harness:
         if not m:
             raise Failure(f"{what}: no RESULT line\n{outs[0]}")
         return {"images_per_second": float(m.group(2)), "step_seconds": float(m.group(1)) / 1e3}
+
+    def alone_at_once(self, hosts, trainer, what):
+        """One single-rank job of `trainer` ("dtrain" or "ddp") on each of `hosts`, all at the
+        same time, with no communication between them: what each rank's compute alone runs at
+        while the other hosts compute too. The hosts of this cluster share the machine's caches
+        and memory bandwidth (and, on a VM, perhaps the physical cores behind its CPUs), which a
+        rank alone on an idle machine does not feel; this baseline has the same neighbours as a
+        multi-host run, so step / this step is what communication adds. Returns the median over
+        the jobs of images/s per job."""
+        results, errors = [None] * len(hosts), []
+
+        def one(i, h):
+            try:
+                results[i] = (self.ddp([h], what=f"{what}, host {h}") if trainer == "ddp"
+                              else self.train([h], what=f"{what}, host {h}"))
+            except Exception as e:  # noqa: BLE001 - re-raised below on the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i, h)) for i, h in enumerate(hosts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        ips = median([r["images_per_second"] for r in results])
+        return {"images_per_second": ips, "step_seconds": self.args.batch_size / ips,
+                "jobs": [r["images_per_second"] for r in results]}
 
     def bandwidth(self, hosts, slots, sizes, rounds, env=None, what="allreduce"):
         """bench_allreduce_bandwidth: {size bytes: (dtrain seconds, raw MPI seconds)}."""
@@ -401,6 +432,9 @@ class Harness:
         if self.has_torch:
             variants.append(("ddp", 1, ()))
         for h in self.hosts:
+            variants.append(("dtrain at once", h, ()))
+            if self.has_torch:
+                variants.append(("ddp at once", h, ()))
             variants.append(("dtrain", h, ()))
             variants.append(("dtrain buckets", h, ("--bucket-mb", str(a.bucket_mb))))
             if self.has_compression:
@@ -411,7 +445,10 @@ class Harness:
         for r in range(a.rounds):
             for name, h, flags in rotated(variants, r):
                 what = f"round {r + 1}: {name}, {h} host{'s' if h > 1 else ''} x 1 rank"
-                if name == "ddp":
+                if name.endswith(" at once"):
+                    what = f"round {r + 1}: {name.split()[0]} alone on each of {h} hosts at once"
+                    res = self.alone_at_once(list(range(h)), name.split()[0], what)
+                elif name == "ddp":
                     res = self.ddp(list(range(h)), what=what)
                 else:
                     res = self.train(list(range(h)), flags=flags, what=what)
@@ -602,41 +639,64 @@ def summarize_training(runs, hosts):
     rows = []
     base = {"dtrain": median(ips("dtrain", 1)), "ddp": median(ips("ddp", 1))}
     for h in [1] + hosts:
-        for variant in ("dtrain", "dtrain buckets", "dtrain fp16", "ddp"):
+        at_once = {t: median(ips(f"{t} at once", h)) for t in ("dtrain", "ddp")}
+        for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain buckets",
+                        "dtrain fp16", "ddp"):
             values = ips(variant, h)
             if not values:
                 continue
-            single = base["ddp" if variant == "ddp" else "dtrain"]
+            trainer = "ddp" if variant.startswith("ddp") else "dtrain"
+            single = base[trainer]
             m = median(values)
-            rows.append({"variant": variant, "hosts": h, "images_per_second": m,
-                         "best": max(values), "runs": len(values),
-                         "scaling_efficiency": m / (h * single) if single else None})
+            row = {"variant": variant, "hosts": h, "images_per_second": m,
+                   "best": max(values), "runs": len(values)}
+            if variant.endswith(" at once"):
+                # images/s of one job; how much the neighbours slow each host's compute
+                row["vs_alone"] = m / single if single else None
+            else:
+                row["scaling_efficiency"] = m / (h * single) if single else None
+                contended = at_once[trainer]
+                row["efficiency_vs_at_once"] = (m / (h * contended)
+                                                if h > 1 and contended == contended else None)
+            rows.append(row)
     for row in rows:
         ddp = [r for r in rows if r["variant"] == "ddp" and r["hosts"] == row["hosts"]]
         row["step_vs_ddp"] = (ddp[0]["images_per_second"] / row["images_per_second"]
-                              if ddp else None)
+                              if ddp and not row["variant"].endswith(" at once") else None)
     return rows
 
 
 def print_training(rows):
     log("\n| trainer | hosts x ranks | images/s (median) | best | scaling efficiency | "
-        "step / DDP's step | runs |")
-    log("|---|---|---|---|---|---|---|")
+        "efficiency vs alone at once | step / DDP's step | runs |")
+    log("|---|---|---|---|---|---|---|---|")
     names = {"dtrain": "dtrain (CPU default: one bucket per step)",
              "dtrain buckets": "dtrain, buckets overlapping backward",
-             "dtrain fp16": "dtrain, fp16 compression", "ddp": "PyTorch DDP (gloo)"}
+             "dtrain fp16": "dtrain, fp16 compression", "ddp": "PyTorch DDP (gloo)",
+             "dtrain at once": "dtrain trainer alone on each host at once (per job)",
+             "ddp at once": "PyTorch alone on each host at once (per job)"}
+
+    def cell(value):
+        return f"{value:.2f}" if value else ""
     for r in rows:
         if r["hosts"] == 1:
             name = "dtrain C++ trainer alone" if r["variant"] == "dtrain" else "PyTorch alone"
         else:
             name = names[r["variant"]]
-        eff = f"{r['scaling_efficiency']:.2f}" if r["scaling_efficiency"] else ""
-        vs = f"{r['step_vs_ddp']:.2f}" if r["step_vs_ddp"] and r["variant"] != "ddp" else ""
+        if r["variant"].endswith(" at once"):
+            eff = f"{cell(r['vs_alone'])} x alone"
+            log(f"| {name} | {r['hosts']} x (1 x 1) | {r['images_per_second']:.1f} | "
+                f"{r['best']:.1f} | {eff} | | | {r['runs']} |")
+            continue
+        vs = cell(r["step_vs_ddp"]) if r["variant"] != "ddp" else ""
         log(f"| {name} | {r['hosts']} x 1 | {r['images_per_second']:.1f} | {r['best']:.1f} | "
-            f"{eff} | {vs} | {r['runs']} |")
+            f"{cell(r['scaling_efficiency'])} | {cell(r.get('efficiency_vs_at_once'))} | {vs} | "
+            f"{r['runs']} |")
     log("scaling efficiency: images/s on H hosts / (H x images/s of the same trainer alone); "
-        "step / DDP's step below 1: dtrain faster (on 1 x 1: the C++ trainer's step over "
-        "PyTorch's)")
+        "efficiency vs alone at once: the same over H single-rank jobs running at the same time "
+        "(the hosts share this machine's caches and memory bandwidth: what communication alone "
+        "costs); step / DDP's step below 1: dtrain faster (on 1 x 1: the C++ trainer's step "
+        "over PyTorch's)")
 
 
 def summarize_hierarchical(runs):

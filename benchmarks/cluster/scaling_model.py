@@ -17,7 +17,9 @@ gpus_per_host. From the measurements (run_experiments.py's JSON):
   eta    the share of the link rate an allreduce achieves: its fitted beta / the link's rate;
   phi    how much of a step's compute the allreduce hides behind: from the 'training'
          experiment, hidden = T_comm predicted for H hosts - (step(H) - step(1)), as a share of
-         the compute time, for the dtrain variant named by --variant.
+         the compute time, for the dtrain variant named by --variant (the compute time of
+         single-rank jobs on every host at once, where measured: the hosts share caches and
+         memory bandwidth).
 messages: allreduce calls per step, ceil(G / fusion buffer), 64 MiB being Horovod's default.
 
 What it leaves out: the reduction inside a server (NVLink/PCIe taken as free, so 1 server = no
@@ -69,7 +71,11 @@ def calibrate(results, variant):
             continue
         h = r["hosts"]
         step_h = h * batch / r["images_per_second"]
-        step_1 = batch / alone["images_per_second"]
+        # The compute baseline with the same neighbours where it was measured: the hosts share
+        # the machine's caches and memory bandwidth (run_experiments.py, alone_at_once).
+        at_once = next((x for x in rows if x["variant"] == "dtrain at once"
+                        and x["hosts"] == h), None)
+        step_1 = batch / (at_once or alone)["images_per_second"]
         comm = (profiles.allreduce_factor(h) * grad / fit["beta_bytes_per_s"]
                 + 2 * (h - 1) * alpha)
         # Hidden: what the allreduce would have added minus what it did add, at most all of it
