@@ -1,10 +1,13 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/config_knobs.hpp"
+#include "dtrain/core/horovod_knobs.hpp"
 
 #include <doctest/doctest.h>
 #include <stdlib.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <limits>
 #include <set>
@@ -17,6 +20,7 @@ using dtrain::Config;
 using dtrain::InvalidArgumentError;
 using dtrain::LogLevel;
 using dtrain::detail::config_from_env;
+using dtrain::detail::env_warnings;
 using dtrain::detail::MapEnv;
 using dtrain::test::LogCapture;
 
@@ -333,28 +337,110 @@ TEST_CASE("a misspelled DTRAIN_ variable gets a warning suggesting the real name
   CHECK(capture.count({"DTRAIN_QQQQQQQQQQQQ", "did you mean"}) == 0);
 }
 
-TEST_CASE("no typo warning for known names, HOROVOD_ names or other dtrain variables") {
+TEST_CASE("no warning for settings in either spelling, other dtrain variables or dtrainrun's") {
   LogCapture capture(LogLevel::warning);
   MapEnv env;
-  for (const KnobCase& k : knob_cases()) env.set("DTRAIN_" + k.suffix, k.good);
-  env.set("HOROVOD_FUSION_TRESHOLD_X", "1");
-  env.set("HOROVOD_GPU_OPERATIONS", "NCCL");
+  for (const KnobCase& k : knob_cases()) {
+    env.set("DTRAIN_" + k.suffix, k.good);
+    env.set("HOROVOD_" + k.suffix, k.good);  // the same value: nothing to report
+  }
   env.set("DTRAIN_HOSTS", "a,b");
   env.set("DTRAIN_CURRENT_HOST", "a");
   env.set("DTRAIN_ELASTIC", "1");  // dtrainrun's elastic mode (docs/elastic.md)
   env.set("DTRAIN_ELASTIC_NOTIFY", "127.0.0.1:5000");
   env.set("DTRAIN_ELASTIC_GENERATION", "2");
+  // dtrainrun's messages to its ranks (tools/dtrain_launcher), not settings.
+  env.set("DTRAINRUN_RESTART_COUNT", "0");
+  env.set("DTRAINRUN_ATTEMPT", "1");
   env.set("OTHER_DTRAIN_CYCLE_TIME", "5");
+  env.set("OTHER_HOROVOD_GPU_OPERATIONS", "NCCL");
   (void)config_from_env(env);
   CHECK(capture.lines().empty());
 }
 
+TEST_CASE("a Horovod knob that dtrain does not map is named with what dtrain does instead") {
+  LogCapture capture(LogLevel::warning);
+  const Config c = config_from_env(MapEnv{{"HOROVOD_GPU_OPERATIONS", "NCCL"},
+                                          {"HOROVOD_CPU_OPERATIONS", "gloo"},
+                                          {"HOROVOD_CONTROLLER", "gloo"},
+                                          {"HOROVOD_MPI_THREADS_DISABLE", "1"},
+                                          {"HOROVOD_ENABLE_XLA_OPS", "1"}});
+  CHECK(c.fusion_threshold_bytes == Config{}.fusion_threshold_bytes);
+  CHECK(capture.count({"] warning: HOROVOD_GPU_OPERATIONS is a Horovod setting that dtrain does "
+                       "not use and is ignored: ",
+                       "NCCL", "docs/device.md"}) == 1);
+  CHECK(capture.count({"HOROVOD_CPU_OPERATIONS is a Horovod setting that dtrain does not use",
+                       "MPI"}) == 1);
+  CHECK(capture.count({"HOROVOD_CONTROLLER is a Horovod setting that dtrain does not use",
+                       "MPI is dtrain's only controller"}) == 1);
+  CHECK(capture.count({"HOROVOD_MPI_THREADS_DISABLE is a Horovod setting that dtrain does not "
+                       "use", "MPI_THREAD_MULTIPLE"}) == 1);
+  CHECK(capture.count({"HOROVOD_ENABLE_XLA_OPS is a Horovod setting that dtrain does not use",
+                       "XLA"}) == 1);
+  CHECK(capture.lines().size() == 5);
+}
+
+TEST_CASE("every entry of the table of Horovod's unmapped knobs is warned about, once") {
+  using dtrain::detail::horovod_unmapped_knobs;
+  std::set<std::string> aliases;
+  for (const KnobCase& k : knob_cases()) aliases.insert("HOROVOD_" + k.suffix);
+  std::string previous;
+  for (const auto& knob : horovod_unmapped_knobs) {
+    const std::string name(knob.name);
+    CAPTURE(name);
+    CHECK(name.rfind("HOROVOD_", 0) == 0);
+    CHECK(previous < name);  // sorted, so no name appears twice
+    CHECK(aliases.count(name) == 0);  // a Horovod spelling dtrain reads is never "ignored"
+    CHECK(!knob.instead.empty());
+    CHECK(knob.instead.back() != '.');
+    previous = name;
+    // The warnings themselves: log_once would hide those other cases have printed.
+    CHECK(env_warnings(MapEnv{{name, "1"}}) ==
+          std::vector<std::string>{name + " is a Horovod setting that dtrain does not use and is "
+                                          "ignored: " + std::string(knob.instead)});
+  }
+}
+
+TEST_CASE("a misspelt HOROVOD_ variable gets a warning naming the nearest known name") {
+  LogCapture capture(LogLevel::warning);
+  (void)config_from_env(MapEnv{{"HOROVOD_FUSION_TRESHOLD", "64M"}});
+  CHECK(capture.count({"] warning: HOROVOD_FUSION_TRESHOLD is not a dtrain setting and is "
+                       "ignored; did you mean HOROVOD_FUSION_THRESHOLD?"}) == 1);
+
+  // The nearest name may be one of Horovod's knobs that dtrain ignores: say so.
+  (void)config_from_env(MapEnv{{"HOROVOD_GPU_OPERATION", "NCCL"}});
+  CHECK(capture.count({"HOROVOD_GPU_OPERATION is not a dtrain setting and is ignored; did you "
+                       "mean HOROVOD_GPU_OPERATIONS? dtrain would ignore that Horovod setting "
+                       "too: "}) == 1);
+
+  (void)config_from_env(MapEnv{{"HOROVOD_QQQQQQQQQQQQ", "1"}});
+  CHECK(capture.count({"HOROVOD_QQQQQQQQQQQQ is not a dtrain setting and is ignored",
+                       "docs/horovod.md"}) == 1);
+  CHECK(capture.count({"HOROVOD_QQQQQQQQQQQQ", "did you mean"}) == 0);
+
+  // A Horovod spelling of a dtrain-only setting is read like any other.
+  LogCapture quiet(LogLevel::warning);
+  CHECK(config_from_env(MapEnv{{"HOROVOD_OP_TIMEOUT_SECONDS", "30"}}).op_timeout_seconds == 30);
+  CHECK(quiet.lines().empty());
+}
+
+TEST_CASE("docs/horovod.md lists every Horovod knob that dtrain ignores") {
+  std::ifstream in(DTRAIN_TEST_DOCS_DIR "/horovod.md");
+  REQUIRE_MESSAGE(in.good(), "cannot read " DTRAIN_TEST_DOCS_DIR "/horovod.md");
+  const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& knob : dtrain::detail::horovod_unmapped_knobs) {
+    CAPTURE(knob.name);
+    CHECK(doc.find("`" + std::string(knob.name) + "`") != std::string::npos);
+  }
+}
+
 TEST_CASE("each distinct warning appears once per process") {
   LogCapture capture(LogLevel::warning);
-  const MapEnv env{{"DTRAIN_STALL_CHECK_TIME_SECOND", "1"}};
+  const MapEnv env{{"DTRAIN_STALL_CHECK_TIME_SECOND", "1"}, {"HOROVOD_THREAD_AFFINITY", "0,1"}};
   (void)config_from_env(env);
   (void)config_from_env(env);
   CHECK(capture.count({"DTRAIN_STALL_CHECK_TIME_SECOND is not a dtrain setting"}) == 1);
+  CHECK(capture.count({"HOROVOD_THREAD_AFFINITY is a Horovod setting"}) == 1);
 }
 
 TEST_CASE("DTRAIN_LOG_LEVEL in the same environment silences the warnings") {

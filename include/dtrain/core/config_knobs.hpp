@@ -18,6 +18,7 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/env.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/horovod_knobs.hpp"
 #include "dtrain/core/logging.hpp"
 
 namespace dtrain {
@@ -211,11 +212,14 @@ inline std::string format_value(LogLevel v) {
 }
 
 // Warnings about the environment itself: a HOROVOD_ alias overridden by a different DTRAIN_
-// value, and DTRAIN_ names that are not settings (typos). Each distinct warning appears once per
-// process.
+// value, DTRAIN_ names that are not settings (typos), and HOROVOD_ names dtrain does not read:
+// Horovod's own knobs, said to be ignored with what dtrain does instead, and typos. Each
+// distinct warning appears once per process.
 inline std::vector<std::string> env_warnings(const EnvSource& env) {
   std::vector<std::string> warnings;
+  std::vector<std::string> aliases;
   for_each_knob([&](const auto& knob) {
+    aliases.push_back(std::string(env_alias_prefix) + std::string(knob.suffix));
     const EnvLookup found = lookup_env(env, knob.suffix);
     if (found.ignored_alias) {
       warnings.push_back(fmt::format(
@@ -228,22 +232,24 @@ inline std::vector<std::string> env_warnings(const EnvSource& env) {
   std::vector<std::string> names = env.names();
   std::sort(names.begin(), names.end());
   for (const std::string& name : names) {
+    if (name.rfind(env_alias_prefix, 0) == 0) {
+      if (std::find(aliases.begin(), aliases.end(), name) != aliases.end()) continue;
+      if (const HorovodKnob* knob = find_horovod_unmapped_knob(name)) {
+        warnings.push_back(fmt::format(
+            "{} is a Horovod setting that dtrain does not use and is ignored: {}", name,
+            knob->instead));
+      } else {
+        warnings.push_back(unknown_horovod_warning(name, aliases));
+      }
+      continue;
+    }
+    // DTRAINRUN_ variables are dtrainrun's messages to its ranks, not settings: the underscore
+    // after DTRAIN keeps them out.
     if (name.rfind(env_prefix, 0) != 0) continue;
     if (std::find(known.begin(), known.end(), name) != known.end()) continue;
-    std::string_view best;
-    std::size_t best_distance = std::numeric_limits<std::size_t>::max();
-    for (const std::string& candidate : known) {
-      const std::size_t d = typo_distance(name, candidate);
-      if (d < best_distance) {
-        best_distance = d;
-        best = candidate;
-      }
-    }
-    // Close enough to be a slip of the keyboard rather than an unrelated name.
-    const std::size_t tolerance = std::max<std::size_t>(2, (name.size() - env_prefix.size()) / 3);
-    if (best_distance <= tolerance) {
+    if (const std::optional<std::string> best = typo_of(name, env_prefix, known)) {
       warnings.push_back(fmt::format(
-          "{} is not a dtrain setting and is ignored; did you mean {}?", name, best));
+          "{} is not a dtrain setting and is ignored; did you mean {}?", name, *best));
     } else {
       warnings.push_back(fmt::format(
           "{} is not a dtrain setting and is ignored (see docs/configuration.md for the list)",

@@ -215,4 +215,23 @@ inline std::size_t typo_distance(std::string_view a, std::string_view b) {
   return prev[m];
 }
 
+// The candidate closest to `name`, when it is close enough to be a slip of the keyboard rather
+// than an unrelated name; `prefix` (DTRAIN_ or HOROVOD_) does not count towards the tolerance.
+inline std::optional<std::string> typo_of(const std::string& name, std::string_view prefix,
+                                          const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  std::size_t best_distance = std::numeric_limits<std::size_t>::max();
+  for (const std::string& candidate : candidates) {
+    const std::size_t d = typo_distance(name, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = &candidate;
+    }
+  }
+  const std::size_t own = name.size() > prefix.size() ? name.size() - prefix.size() : 0;
+  const std::size_t tolerance = std::max<std::size_t>(2, own / 3);
+  if (best == nullptr || best_distance > tolerance) return std::nullopt;
+  return *best;
+}
+
 }  // namespace dtrain::detail
