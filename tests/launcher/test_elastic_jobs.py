@@ -75,6 +75,15 @@ class ElasticJob(unittest.TestCase):
         return sorted((int(f["rank"]), int(f["size"]), f["restart_count"], int(f["step"]))
                       for e, f in self.log() if e == "start" and f["gen"] == str(generation))
 
+    def check_job_identity(self, generations):
+        """Every rank of every world has the job's one DTRAINRUN_JOB_ID, and its generation as
+        DTRAINRUN_ATTEMPT: each world is one more launch (Note [Job identity] in mpi.py)."""
+        starts = [f for e, f in self.log() if e == "start"]
+        self.assertEqual(sorted({int(f["gen"]) for f in starts}), list(range(generations)))
+        self.assertEqual([f["attempt"] for f in starts], [f["gen"] for f in starts])
+        self.assertEqual(len({f["job"] for f in starts}), 1, starts)
+        self.assertRegex(starts[0]["job"], r"^[0-9]{8}-[0-9]{6}-[0-9]+-[0-9a-f]{8}$")
+
     def wait_until(self, what, condition, name="dtrainrun"):
         deadline = time.monotonic() + WAIT_S
         while not condition():
@@ -144,6 +153,7 @@ class Resizes(ElasticJob):
         self.assertGreater(min(resumed[1]), 0)
         self.assertGreater(min(resumed[2]), min(resumed[1]))
         self.assertEqual({s[2] for g in (0, 1, 2) for s in self.started(g)}, {"0"})
+        self.check_job_identity(3)
 
     def test_exit_75_that_was_not_asked_for_is_a_failure(self):
         self.offer(f"{A}:1", f"{B}:1")
@@ -198,6 +208,7 @@ class Failures(ElasticJob):
         self.assertIn("dtrainrun: the job succeeded in generation 2, after 1 resize(s) and 1 "
                       "restart(s)", err)
         self.assertEqual([s[2] for s in self.started(2)], ["1", "1"])
+        self.check_job_identity(3)  # a restart (world 1), then a resize (world 2)
 
     def test_a_lost_host_is_blamed_not_the_rank_that_noticed(self):
         # Ranks that do not ask (a program without elastic support) keep running after the

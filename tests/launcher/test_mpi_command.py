@@ -213,6 +213,20 @@ class CommandLines(unittest.TestCase):
         env = mpi.launch_environment(base, [("OVER", "new"), ("KEEP", None)], 2)
         self.assertEqual(env, {"KEEP": "1", "OVER": "new", "DTRAINRUN_RESTART_COUNT": "2"})
 
+    def test_job_identity(self):
+        # Values an outer job left in dtrainrun's environment are replaced, never passed on.
+        base = {"DTRAINRUN_JOB_ID": "outer", "DTRAINRUN_ATTEMPT": "7", "KEEP": "1"}
+        env = mpi.launch_environment(base, [], 1, "job-a", 3)
+        self.assertEqual(env, {"KEEP": "1", "DTRAINRUN_RESTART_COUNT": "1",
+                               "DTRAINRUN_JOB_ID": "job-a", "DTRAINRUN_ATTEMPT": "3"})
+        self.assertEqual(mpi.launch_environment(base, [], 0),
+                         {"KEEP": "1", "DTRAINRUN_RESTART_COUNT": "0"})
+        ids = {mpi.new_job_id() for _ in range(100)}
+        self.assertEqual(len(ids), 100)
+        for job_id in ids:
+            self.assertRegex(job_id, r"^[0-9]{8}-[0-9]{6}-[0-9]+-[0-9a-f]{8}$")
+            self.assertIn(f"-{os.getpid()}-", job_id)
+
 
 class DryRuns(unittest.TestCase):
     """The whole path through dtrainrun, up to the command it would run."""

@@ -37,6 +37,29 @@ class Restarts(unittest.TestCase):
         self.assertNotIn("restart 3 of 3", done.stderr)
         self.assertIn("dtrainrun: the job succeeded after 2 restart(s)", done.stderr)
 
+    def test_every_launch_knows_its_job_and_attempt(self):
+        # DTRAINRUN_JOB_ID: one per dtrainrun, the same across its restarts; DTRAINRUN_ATTEMPT:
+        # 0, then one more per restart (Note [Job identity] in tools/dtrain_launcher/mpi.py).
+        jobs = os.path.join(os.path.dirname(self.record), "jobs.txt")
+        for _ in range(2):
+            if os.path.exists(self.record):
+                os.remove(self.record)
+            done = dtrainrun("--restarts", "3", "-np", "2", "--", program("attempts.py"),
+                             self.record, "2", "3", env=clean_env(JOBS_FILE=jobs,
+                                                                  DTRAINRUN_JOB_ID="outer",
+                                                                  DTRAINRUN_ATTEMPT="9"))
+            self.assertEqual(done.returncode, 0, done.stderr)
+        with open(jobs) as f:
+            lines = [dict(w.split("=", 1) for w in line.split()) for line in f]
+        self.assertEqual(len(lines), 12)
+        first, second = lines[:6], lines[6:]
+        for launches in (first, second):
+            self.assertEqual(sorted((e["rank"], e["attempt"]) for e in launches),
+                             [(r, str(a)) for r in ("0", "1") for a in range(3)])
+            self.assertEqual(len({e["job"] for e in launches}), 1, launches)
+            self.assertRegex(launches[0]["job"], r"^[0-9]{8}-[0-9]{6}-[0-9]+-[0-9a-f]{8}$")
+        self.assertNotEqual(first[0]["job"], second[0]["job"])
+
     def test_a_killed_rank_is_a_reason_to_restart(self):
         done = dtrainrun("--restarts", "1", "-np", "2", "--", program("attempts.py"),
                          self.record, "1", "SIGKILL")

@@ -2,6 +2,7 @@
 launcher inside an allocation, a step task's place and PMI, srun tasks run as ranks or refused
 with the fix named, the overlap of a launcher started inside a step, SIGCONT passed on (Note
 [dtrainrun in a SLURM job] in tools/dtrain_launcher/slurm.py)."""
+import json
 import os
 import shlex
 import signal
@@ -127,6 +128,12 @@ class DtrainrunAsAStepTask(unittest.TestCase):
         done = self.run_task(env, "--mpi", "mpich", "--no-prefix", "--",
                              program("env_report.py"))
         self.assertEqual(done.stdout, '{"rank": 1, "env": {}}\n')
+        # Each task is a dtrainrun of its own: they agree on the step as the job's identity.
+        done = self.run_task(env, "--mpi", "mpich", "--no-prefix", "--",
+                             program("env_report.py"), "DTRAINRUN_JOB_ID", "DTRAINRUN_ATTEMPT")
+        self.assertEqual(json.loads(done.stdout)["env"],
+                         {"DTRAINRUN_JOB_ID": f"slurm-{ALLOCATION['SLURM_JOB_ID']}.0",
+                          "DTRAINRUN_ATTEMPT": "0"})
         done = self.run_task(env, "--mpi", "mpich", "--", program("exit_codes.py"), "1=7")
         self.assertEqual(done.returncode, 7, done.stderr)
 

@@ -352,6 +352,7 @@ TEST_CASE("no warning for settings in either spelling, other dtrain variables or
   // dtrainrun's messages to its ranks (tools/dtrain_launcher), not settings.
   env.set("DTRAINRUN_RESTART_COUNT", "0");
   env.set("DTRAINRUN_ATTEMPT", "1");
+  env.set("DTRAINRUN_JOB_ID", "20250106-093012-4711-9f3c01ab");
   env.set("OTHER_DTRAIN_CYCLE_TIME", "5");
   env.set("OTHER_HOROVOD_GPU_OPERATIONS", "NCCL");
   (void)config_from_env(env);

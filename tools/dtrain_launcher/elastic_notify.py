@@ -11,6 +11,9 @@ Environment. Every rank of every world started in elastic mode gets
     DTRAIN_ELASTIC_GENERATION=<g>            this world's generation: 0 for the first world, one
                                              more for each world after it (resize or restart)
     DTRAINRUN_RESTART_COUNT=<k>              failures restarted so far (resizes do not count)
+    DTRAINRUN_JOB_ID=<id>, DTRAINRUN_ATTEMPT=<g>  the job and its launch, as every job's ranks
+                                             (Note [Job identity] in mpi.py); the attempt is
+                                             the generation
 Request. A TCP connection to DTRAIN_ELASTIC_NOTIFY carries request lines: ASCII, ended by "\n"
 (a "\r" before it is ignored), at most MAX_REQUEST_BYTES bytes with the newline. One request is
 defined:

@@ -69,6 +69,7 @@ class Context:
 
     def __init__(self, entry_script: str, package_root: str):
         self.entry_script = entry_script
+        self.job_id = mpi.new_job_id()  # Note [Job identity] in mpi.py
         self.build_config_path = os.path.join(package_root, "build.json")
         self.build_config = mpi.read_build_config(self.build_config_path)
         self.bin_dir = os.path.dirname(entry_script)
@@ -126,11 +127,11 @@ def check_build(o: options.Options, ctx: Context) -> int:
 
 
 def _launch(o: options.Options, ctx: Context, launcher: mpi.Launcher, layout: List[Host],
-            token: str, restart_count: int,
+            token: str, restart_count: int, attempt: int,
             extra: Optional[Mapping[str, str]] = None) -> Tuple[List[str], dict]:
-    """The launcher's command line and environment for one attempt; `extra`: variables of
-    dtrainrun's own for the ranks (elastic mode's)."""
-    env = mpi.launch_environment(os.environ, o.env, restart_count)
+    """The launcher's command line and environment for launch number `attempt` of the job;
+    `extra`: variables of dtrainrun's own for the ranks (elastic mode's)."""
+    env = mpi.launch_environment(os.environ, o.env, restart_count, ctx.job_id, attempt)
     env.update(extra or {})
     argv = mpi.command(launcher, layout,
                        [ctx.entry_script, "--rank-shim", token, "--"] + o.program,
@@ -157,7 +158,7 @@ def run_step_task(o: options.Options, ctx: Context, program: str,
         raise UsageError("dtrain: --restarts: srun started the ranks, and a job it started "
                          "cannot be started again from inside; run dtrainrun in the batch "
                          "script (it starts the ranks through srun) to restart failed jobs")
-    env = mpi.launch_environment(os.environ, o.env, 0)
+    env = mpi.launch_environment(os.environ, o.env, 0, slurm.step_job_id(os.environ), 0)
     if o.dry_run:
         say(f"dtrainrun: srun task {task.task} of {task.tasks} (--mpi={task.pmi}) would run "
             f"as rank {task.task}: {shlex.join(o.program)}")
@@ -182,7 +183,7 @@ def _attempt_runner(o: options.Options, ctx: Context, launcher: mpi.Launcher,
 
     def attempt(number: int) -> job.Attempt:
         token = records.new_token()
-        argv, env = _launch(o, ctx, launcher, layout, token, number)
+        argv, env = _launch(o, ctx, launcher, layout, token, number, number)
         if o.verbose:
             output.note(f"dtrainrun: running {shlex.join(argv)}")
         return job.run_attempt(argv, env, np, token, output, o.start_timeout_s, interrupts,
@@ -192,7 +193,7 @@ def _attempt_runner(o: options.Options, ctx: Context, launcher: mpi.Launcher,
 
 def _print_dry_run(o: options.Options, ctx: Context, launcher: mpi.Launcher,
                    layout: List[Host]) -> int:
-    say(shlex.join(_launch(o, ctx, launcher, layout, "TOKEN", 0)[0]))
+    say(shlex.join(_launch(o, ctx, launcher, layout, "TOKEN", 0, 0)[0]))
     return 0
 
 
@@ -239,7 +240,8 @@ def run_elastic(o: options.Options, ctx: Context, program: str, output: job.Outp
         step = machine.next_world()
         if isinstance(step, elastic.Launch):
             extra = elastic_run.rank_environment(step.generation, "ADDRESS:PORT")
-            say(shlex.join(_launch(o, ctx, launcher, step.layout, "TOKEN", 0, extra)[0]))
+            say(shlex.join(_launch(o, ctx, launcher, step.layout, "TOKEN", 0, step.generation,
+                               extra)[0]))
             return 0
         output.note(f"{step.message}; --dry-run does not wait")
         return elastic.EXIT_ELASTIC_TIMEOUT
@@ -248,7 +250,10 @@ def run_elastic(o: options.Options, ctx: Context, program: str, output: job.Outp
         def run_world(layout: List[Host], extra: Mapping[str, str], restart_count: int,
                       world_output: job.Output) -> job.Attempt:
             token = records.new_token()
-            argv, env = _launch(o, ctx, launcher, layout, token, restart_count, extra)
+            # Every world is one more launch: a restart or a resize (Note [Job identity]).
+            generation = int(extra[mpi.ELASTIC_VARIABLES[2]])
+            argv, env = _launch(o, ctx, launcher, layout, token, restart_count, generation,
+                                extra)
             if o.verbose:
                 world_output.note(f"dtrainrun: running {shlex.join(argv)}")
             return job.run_attempt(argv, env, total_slots(layout), token, world_output,

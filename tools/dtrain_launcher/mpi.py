@@ -23,8 +23,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -46,6 +48,18 @@ LAUNCHER_ONLY_VARIABLES = ("DTRAIN_HOSTS", "DTRAIN_CURRENT_HOST")
 # protocol] in elastic_notify.py). Values in dtrainrun's own environment (a dtrainrun started by a
 # rank of another elastic job) would point the ranks at that job's launcher, so they are dropped.
 ELASTIC_VARIABLES = ("DTRAIN_ELASTIC", "DTRAIN_ELASTIC_NOTIFY", "DTRAIN_ELASTIC_GENERATION")
+# Note [Job identity]
+# Every rank of a job that dtrainrun starts gets DTRAINRUN_JOB_ID, the same for all ranks of
+# every world of one dtrainrun invocation and different for every invocation (its start time in
+# UTC, its process id and 32 random bits), and DTRAINRUN_ATTEMPT, which launch of that job this
+# is: 0 for the first world, one more for each relaunch (a --restarts restart; in elastic mode a
+# restart or a resize, where it equals DTRAIN_ELASTIC_GENERATION). A program tells its own state
+# from that of an earlier job with the id (elastic commits do), and keeps per-launch output apart
+# with both. Values inherited from dtrainrun's own environment (a dtrainrun started by a rank of
+# another job) are replaced, never passed on. Where srun starts each rank as a dtrainrun task of
+# its own (slurm.py), the tasks agree on "slurm-<job id>.<step id>" instead, attempt 0.
+JOB_ID_VARIABLE = "DTRAINRUN_JOB_ID"
+ATTEMPT_VARIABLE = "DTRAINRUN_ATTEMPT"
 # Always passed to the ranks, besides -x names: settings (DTRAIN_*, HOROVOD_*), dtrainrun's own
 # (DTRAINRUN_*), and what finds programs and libraries on the other hosts.
 FORWARDED_PREFIXES = ("DTRAIN_", "HOROVOD_", "DTRAINRUN_")
@@ -237,11 +251,22 @@ def _find_launcher(flavor: str, preferred: Optional[object], run: Runner,
     return (None, ""), others
 
 
+def new_job_id() -> str:
+    """An id no other dtrainrun invocation has: its start time, its process id and random bits
+    (Note [Job identity]). Letters, digits and '-' only, so it fits a file name."""
+    return (f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}-"
+            f"{secrets.token_hex(4)}")
+
+
 def launch_environment(base: Mapping[str, str], assignments: Sequence[Tuple[str, Optional[str]]],
-                       restart_count: int) -> Dict[str, str]:
-    """The environment the MPI launcher starts with; what the ranks see comes from it."""
+                       restart_count: int, job_id: Optional[str] = None,
+                       attempt: int = 0) -> Dict[str, str]:
+    """The environment the MPI launcher starts with; what the ranks see comes from it.
+    `job_id` and `attempt` become DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT (Note [Job identity]);
+    without a job id (a check of the -x names only) neither is set."""
     env = {k: v for k, v in base.items()
-           if k not in LAUNCHER_ONLY_VARIABLES and k not in ELASTIC_VARIABLES}
+           if k not in LAUNCHER_ONLY_VARIABLES and k not in ELASTIC_VARIABLES
+           and k not in (JOB_ID_VARIABLE, ATTEMPT_VARIABLE)}
     if base.get("SLURM_STEP_ID") and base.get("SLURM_JOB_ID"):
         # dtrainrun runs in a job step (srun -n 1 dtrainrun -H ...), which holds the CPUs that
         # the launcher's own srun step needs; without overlapping it, that step waits forever.
@@ -253,6 +278,9 @@ def launch_environment(base: Mapping[str, str], assignments: Sequence[Tuple[str,
             raise UsageError(f"dtrain: -x {name}: {name} is not set here; give it a value with "
                              f"-x {name}=VALUE")
     env["DTRAINRUN_RESTART_COUNT"] = str(restart_count)
+    if job_id is not None:
+        env[JOB_ID_VARIABLE] = job_id
+        env[ATTEMPT_VARIABLE] = str(attempt)
     return env
 
 

@@ -200,6 +200,14 @@ def step_task(env: Mapping[str, str]) -> Optional[StepTask]:
     return StepTask(step, min(task, MAX_RANKS), min(tasks, MAX_RANKS), pmi)
 
 
+def step_job_id(env: Mapping[str, str]) -> str:
+    """DTRAINRUN_JOB_ID for the ranks of a job step that srun starts as dtrainrun tasks: each task
+    is a dtrainrun of its own, so they agree on the step's name instead of a new id each (Note
+    [Job identity] in mpi.py)."""
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", f"slurm-{env.get('SLURM_JOB_ID', '')}.{step}")
+
+
 def allocation_nodes(env: Mapping[str, str]) -> Optional[List[str]]:
     """The nodes of the allocation this process runs in, or None outside one."""
     var = "SLURM_JOB_NODELIST" if env.get("SLURM_JOB_NODELIST") else "SLURM_NODELIST"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Test program for restarts: appends `attempt=A restart_count=C rank=R` to FILE, where A counts
+"""Test program for restarts: appends `rank=R attempt=A restart_count=C` to FILE, where A counts
 the attempts found in FILE (as a program resuming from its own checkpoints would), then fails the
 first FAILURES attempts with HOW (an exit code, or a signal name) on rank 1 while the other
-ranks exit 0, and succeeds afterwards.
+ranks exit 0, and succeeds afterwards. With JOBS_FILE set, it also appends
+`rank=R job=<DTRAINRUN_JOB_ID> attempt=<DTRAINRUN_ATTEMPT>` to that file.
 
     attempts.py FILE FAILURES HOW
 """
@@ -20,6 +21,11 @@ with open(path, "a+") as f:
     attempt = sum(1 for line in f if line.startswith(f"rank={rank} "))
     f.write(f"rank={rank} attempt={attempt} "
             f"restart_count={os.environ.get('DTRAINRUN_RESTART_COUNT')}\n")
+if os.environ.get("JOBS_FILE"):
+    with open(os.environ["JOBS_FILE"], "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(f"rank={rank} job={os.environ.get('DTRAINRUN_JOB_ID')} "
+                f"attempt={os.environ.get('DTRAINRUN_ATTEMPT')}\n")
 print(f"rank {rank} attempt {attempt}", flush=True)
 if rank == 1 and attempt < failures:
     if how.startswith("SIG"):

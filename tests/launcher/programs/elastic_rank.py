@@ -7,8 +7,8 @@ notification protocol] (tools/dtrain_launcher/elastic_notify.py) with the files 
 Every 0.1 s it takes a step; rank 0 then commits the step number (STATE/commit.G for generation
 G, replaced atomically), as a trainer commits its state. At its start a rank resumes from the
 newest commit of an earlier generation (a rank that starts late must not see what rank 0 of its
-own world committed meanwhile) and appends `start gen=G rank=R size=S restart_count=K step=N`
-to STATE/log; at its end `exit gen=G rank=R code=C step=N`. After each step it asks dtrainrun's
+own world committed meanwhile) and appends `start gen=G rank=R size=S restart_count=K step=N
+job=<DTRAINRUN_JOB_ID> attempt=<DTRAINRUN_ATTEMPT>` to STATE/log; at its end `exit gen=G rank=R code=C step=N`. After each step it asks dtrainrun's
 notification server (`GEN`) and exits with 75 when the answer's generation is greater than its
 own (--deaf: never asks, as a program without elastic support). The test steers it with files:
 STATE/finish ends every rank with 0, STATE/exit.G.R ends rank R of generation G with the code in
@@ -74,7 +74,8 @@ def end(code, step):
 
 
 step = committed()
-log(f"start gen={generation} rank={rank} size={size} restart_count={restart_count} step={step}")
+log(f"start gen={generation} rank={rank} size={size} restart_count={restart_count} step={step} "
+    f"job={os.environ.get('DTRAINRUN_JOB_ID')} attempt={os.environ.get('DTRAINRUN_ATTEMPT')}")
 print(f"rank {rank} of {size} in generation {generation} from step {step}", flush=True)
 while True:
     time.sleep(0.1)
