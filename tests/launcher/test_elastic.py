@@ -3,6 +3,7 @@ its cooldowns, the layout of a new world, the decisions between worlds (on a clo
 moves), the notification server's wire format, and the options."""
 import os
 import shlex
+import signal
 import socket
 import tempfile
 import threading
@@ -92,6 +93,40 @@ class DiscoveryScript(unittest.TestCase):
             elastic_run.run_script(path, 0.5)
         self.assertLess(time.monotonic() - began, 5)
         self.assertEqual(str(caught.exception), "it did not finish within 0.5 s")
+
+    def test_a_background_child_does_not_hold_the_call(self):
+        # The child keeps the script's output open after the script printed and exited; the call
+        # ends when the script does (Note [Discovery output]), and says so once.
+        pids = os.path.join(self.dir, "pids")
+        path = self.script(f"sleep 100 &\necho $! >> {pids}\necho a:2\n")
+
+        def kill_children():
+            with open(pids) as f:
+                for pid in f.read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        self.addCleanup(kill_children)
+        notes = []
+        discovery = elastic_run.Discovery(path, 1, notes.append, timeout_s=10)
+        began = time.monotonic()
+        self.assertEqual(discovery.first(), [Host("a", 2)])
+        self.assertEqual(discovery.again(), [Host("a", 2)])
+        self.assertLess(time.monotonic() - began, 5)
+        self.assertEqual(notes, [
+            f"dtrainrun: elastic: the host discovery script {path} exited, but a process it "
+            f"started (a command run in the background with &) still holds its output open; "
+            f"dtrainrun takes what the script printed until it exited and does not wait for "
+            f"that process. Redirect the command's output (command >/dev/null 2>&1 &) to keep "
+            f"it off the script's answer"])
+        # A background command that keeps off the output is nothing to tell.
+        path = self.script(f"sleep 100 >/dev/null 2>&1 &\necho $! >> {pids}\necho b:1\n",
+                           "quiet.sh")
+        quiet = []
+        self.assertEqual(elastic_run.Discovery(path, 1, quiet.append, timeout_s=10).first(),
+                         [Host("b", 1)])
+        self.assertEqual(quiet, [])
 
     def test_a_script_that_fails(self):
         path = self.script("echo a:1\necho 'the cloud API said 503' >&2\nexit 3\n")

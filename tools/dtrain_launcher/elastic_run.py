@@ -10,7 +10,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from . import job, records
 from .elastic import (Continue, DiscoveryError, Elastic, Finish, Launch, Outcome, Settings,
@@ -28,38 +28,65 @@ DISCOVERY_TIMEOUT_S = 30.0
 # A host list is a few dozen bytes a host; more than this is not one.
 MAX_DISCOVERY_BYTES = 16 << 20
 _STDERR_TAIL_BYTES = 1000
+# After the script exits, how long its streams may stay open before a process it started is taken
+# to hold them: a child forked just before the exit holds them until it redirects its own output.
+_LEFT_OPEN_GRACE_S = 0.2
+
+# Note [Discovery output]
+# A call of the script ends when the script exits, not when its output ends: a command it runs in
+# the background (`refresh-cache &`, a `sleep 100 &` left behind) inherits the pipes and keeps
+# them open long after the script printed its hosts and exited, so waiting for the end of the
+# output would make every call wait for that command, and fail as "did not finish within 30 s"
+# although the script did. Once the script has exited, what it printed is all in the pipes; the
+# call reads on for at most _LEFT_OPEN_GRACE_S (a child forked just before the exit holds the
+# pipes until it has redirected its own output) and then ends. What a leftover process prints
+# later is not part of the answer. The leftover process is not killed (the script may have meant
+# it to run on: a cache refresher), but dtrainrun says once that it found one and how to keep it
+# off the script's output. A script that does not exit within the timeout is killed with its
+# whole process group, children included.
 
 
 def _collect(process: subprocess.Popen, out: bytearray, err: bytearray, deadline: float,
-             timeout_s: float, cancel: Optional[threading.Event], max_bytes: int) -> str:
-    """Reads the script's output until both streams end; returns '' then, or what went wrong."""
+             timeout_s: float, cancel: Optional[threading.Event],
+             max_bytes: int) -> Tuple[str, bool]:
+    """Reads the script's output until the script exits (Note [Discovery output]). Returns
+    (what went wrong, or ''; whether a process it started still held a stream open then)."""
+    exited_at: Optional[float] = None
     with selectors.DefaultSelector() as selector:
         selector.register(process.stdout, selectors.EVENT_READ, out)
         selector.register(process.stderr, selectors.EVENT_READ, err)
         while selector.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
-                return f"it did not finish within {timeout_s:g} s"
+                return f"it did not finish within {timeout_s:g} s", False
             if cancel is not None and cancel.is_set():
-                return "cancelled"
-            for key, _ in selector.select(timeout=min(left, 0.1)):
+                return "cancelled", False
+            now = time.monotonic()
+            if exited_at is not None and now - exited_at > _LEFT_OPEN_GRACE_S:
+                return "", True
+            ready = selector.select(timeout=min(left, 0.1 if exited_at is None else 0.02))
+            for key, _ in ready:
                 chunk = os.read(key.fd, 1 << 16)
                 if not chunk:
                     selector.unregister(key.fileobj)
                     continue
                 key.data.extend(chunk)
                 if len(out) > max_bytes:
-                    return f"it printed more than {max_bytes >> 20} MiB"
+                    return f"it printed more than {max_bytes >> 20} MiB", False
                 del err[:-_STDERR_TAIL_BYTES]
-    return ""
+            if exited_at is None and process.poll() is not None:
+                exited_at = time.monotonic()
+    return "", False
 
 
 def run_script(path: str, timeout_s: float, cancel: Optional[threading.Event] = None,
-               max_bytes: int = MAX_DISCOVERY_BYTES) -> str:
+               max_bytes: int = MAX_DISCOVERY_BYTES,
+               left_open: Optional[Callable[[], None]] = None) -> str:
     """The script's standard output, when it exits with 0 within `timeout_s`. Raises
     DiscoveryError otherwise (or when `cancel` is set). The script runs in a session of its own,
     so that on a timeout its whole process group is killed: a child it started (a `sleep`, a
-    `curl`) would otherwise keep its output open and the call waiting."""
+    `curl`) would otherwise keep running. `left_open` is called when the script exited while a
+    process it started still held its output open (Note [Discovery output])."""
     try:
         process = subprocess.Popen([path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, start_new_session=True)
@@ -70,11 +97,12 @@ def run_script(path: str, timeout_s: float, cancel: Optional[threading.Event] = 
     deadline = time.monotonic() + timeout_s
     out, err = bytearray(), bytearray()
     problem = "interrupted"  # until the calls below return: the script must not outlive this
+    held = False
     try:
-        problem = _collect(process, out, err, deadline, timeout_s, cancel, max_bytes)
+        problem, held = _collect(process, out, err, deadline, timeout_s, cancel, max_bytes)
         if not problem:
             try:
-                # Both streams ended, so the script is ending too.
+                # It exited, or both streams ended, so it is ending too.
                 rc = process.wait(timeout=max(0.0, deadline - time.monotonic()) + 1.0)
             except subprocess.TimeoutExpired:
                 problem = f"it did not finish within {timeout_s:g} s"
@@ -91,6 +119,8 @@ def run_script(path: str, timeout_s: float, cancel: Optional[threading.Event] = 
     said = f"; it said: {said.splitlines()[-1]}" if said else ""
     if problem:
         raise DiscoveryError(problem + ("" if problem == "cancelled" else said))
+    if held and left_open is not None:
+        left_open()
     if rc != 0:
         how = (f"it was killed by signal {-rc} ({records.signal_name(-rc)})" if rc < 0 else
                f"it exited with code {rc}")
@@ -111,9 +141,20 @@ class Discovery:
         self.timeout_s = timeout_s
         self.failed_calls = 0
         self.last_problem = ""
+        self.told_left_open = False
+
+    def _left_open(self) -> None:
+        if not self.told_left_open:
+            self.told_left_open = True
+            self.note(f"dtrainrun: elastic: the host discovery script {self.path} exited, but a "
+                      f"process it started (a command run in the background with &) still holds "
+                      f"its output open; dtrainrun takes what the script printed until it exited "
+                      f"and does not wait for that process. Redirect the command's output "
+                      f"(command >/dev/null 2>&1 &) to keep it off the script's answer")
 
     def _call(self, cancel: Optional[threading.Event] = None) -> List[Host]:
-        return parse_discovery(run_script(self.path, self.timeout_s, cancel), self.default_slots)
+        return parse_discovery(run_script(self.path, self.timeout_s, cancel,
+                                          left_open=self._left_open), self.default_slots)
 
     def first(self) -> List[Host]:
         try:
