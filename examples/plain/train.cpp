@@ -667,12 +667,17 @@ int train(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dtrain::Session session(argc, argv);  // dtrain: start (and at scope exit stop) the runtime
-  const Options o = parse_options(argc, argv);
   try {
-    return train(o);
-  } catch (const std::exception& e) {  // e.g. a checkpoint this job cannot resume from
-    std::fprintf(stderr, "plain_train: rank %d: %s\n", dtrain::rank(), e.what());
+    dtrain::Session session(argc, argv);  // dtrain: start (and at scope exit stop) the runtime
+    const Options o = parse_options(argc, argv);
+    try {
+      return train(o);
+    } catch (const std::exception& e) {  // e.g. a checkpoint this job cannot resume from
+      std::fprintf(stderr, "plain_train: rank %d: %s\n", dtrain::rank(), e.what());
+      return 1;
+    }
+  } catch (const std::exception& e) {  // dtrain did not start: a malformed DTRAIN_ setting, say
+    std::fprintf(stderr, "plain_train: %s\n", e.what());
     return 1;
   }
 }
