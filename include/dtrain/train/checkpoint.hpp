@@ -75,9 +75,14 @@ enum class WorldSizeChange : std::uint8_t {
 };
 
 struct CheckpointOptions {
-  std::string directory;  // created by rank 0 if missing; one job per folder (a path converts)
+  // Created by rank 0 if missing; one job per folder (a path converts). The same text on every
+  // rank, unless `name` is given: it names this object's collectives (Note [Checkpoint op names]).
+  std::string directory;
   int keep_last = 3;      // newest checkpoints kept after each save; 0 keeps every one
   WorldSizeChange on_world_size_change = WorldSizeChange::reshard;
+  // Names this object's collectives instead of the directory: for objects of one folder made at
+  // once on several threads, or a folder named differently on each rank.
+  std::string name{};
 };
 
 // Where training stands when a checkpoint is taken: optimizer steps applied so far and the epoch
@@ -240,7 +245,12 @@ class Checkpoint {
   DTRAIN_API std::string world_size_refusal(const std::string& path,
                                             const detail::CheckpointRecord& record) const;
 
+  DTRAIN_API void release_name() noexcept;
+
   CheckpointOptions options_;
+  std::string name_key_;  // CheckpointOptions::name, or else the directory
+  int name_slot_ = -1;    // its number among live objects of that key; -1: moved from
+  std::string op_name_;   // the base of its collectives' names (Note [Checkpoint op names])
   int rank_ = 0;
   int world_ = 1;
   std::unique_ptr<detail::PendingWrite> pending_;  // rank 0: the write in flight, if any

@@ -10,8 +10,11 @@
 #include <exception>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +50,57 @@ inline std::string join_names(std::span<const CheckpointItem> items) {
   return out;
 }
 
+// Note [Checkpoint op names]
+// A Checkpoint's collectives (restore()'s broadcasts, save()'s gather of per-rank items) carry
+// names, so that any thread may call them (Note [Generated names] in runtime/op_names.hpp), and
+// the names are the object's own, so that two Checkpoint objects in use at once on two threads
+// never submit one name: one rank's op of one object would pair with a peer's op of the other (a
+// wrong restore, or a stall). Each rank must derive the same name for the same object without
+// asking the others, since asking is itself an op that needs a name. So the name is
+// "dtrain.checkpoint[<key>]", the key being CheckpointOptions::name or else the directory as the
+// program wrote it (lexically normalized: "ckpt/" and "./ckpt" are "ckpt"); objects of one key
+// alive at the same time in a process add "#<n>", the lowest number no other live object of that
+// key holds. An object made and dropped on one rank alone (to look at the folder, say) therefore
+// shifts no other object's name, and a program that makes its objects in the same order on every
+// rank names them alike. Two objects of one key made at the same moment on two threads may take
+// their numbers in a different order on each rank: such objects need names of their own.
+class CheckpointNameSlots {
+ public:
+  static int acquire(const std::string& key) {
+    auto& self = instance();
+    std::lock_guard lock(self.mutex_);
+    std::set<int>& taken = self.taken_[key];
+    int n = 0;
+    while (taken.contains(n)) ++n;
+    taken.insert(n);
+    return n;
+  }
+
+  static void release(const std::string& key, int n) noexcept {
+    auto& self = instance();
+    std::lock_guard lock(self.mutex_);
+    const auto it = self.taken_.find(key);
+    if (it == self.taken_.end()) return;
+    it->second.erase(n);
+    if (it->second.empty()) self.taken_.erase(it);
+  }
+
+ private:
+  static CheckpointNameSlots& instance() {
+    static CheckpointNameSlots slots;
+    return slots;
+  }
+  std::mutex mutex_;
+  std::map<std::string, std::set<int>> taken_;
+};
+
+inline std::string checkpoint_name_key(const CheckpointOptions& options) {
+  if (!options.name.empty()) return options.name;
+  std::string key = std::filesystem::path(options.directory).lexically_normal().string();
+  while (key.size() > 1 && key.back() == '/') key.pop_back();
+  return key;
+}
+
 }  // namespace detail
 
 DTRAIN_API Checkpoint::Checkpoint(CheckpointOptions options)
@@ -58,25 +112,44 @@ DTRAIN_API Checkpoint::Checkpoint(CheckpointOptions options)
     throw InvalidArgumentError(fmt::format(
         "dtrain: CheckpointOptions::keep_last = {}: must be >= 1, or 0 to keep every checkpoint",
         options_.keep_last));
+  name_key_ = detail::checkpoint_name_key(options_);
+  name_slot_ = detail::CheckpointNameSlots::acquire(name_key_);
+  op_name_ = name_slot_ == 0 ? fmt::format("dtrain.checkpoint[{}]", name_key_)
+                             : fmt::format("dtrain.checkpoint[{}]#{}", name_key_, name_slot_);
   if (rank_ != 0) return;
   std::error_code ec;
   std::filesystem::create_directories(options_.directory, ec);
-  if (ec)
+  if (ec) {
+    release_name();  // no destructor runs after a constructor throws
     throw CheckpointError(fmt::format("dtrain: cannot create the checkpoint folder {}: {}",
                                       options_.directory, ec.message()));
+  }
   detail::remove_stale_temporaries(options_.directory);
 }
 
 DTRAIN_API Checkpoint::Checkpoint(Checkpoint&& other) noexcept
-    : options_(std::move(other.options_)), rank_(other.rank_), world_(other.world_),
-      pending_(std::move(other.pending_)), spare_(std::move(other.spare_)),
-      checked_folder_(other.checked_folder_) {}
+    : options_(std::move(other.options_)), name_key_(std::move(other.name_key_)),
+      name_slot_(std::exchange(other.name_slot_, -1)), op_name_(std::move(other.op_name_)),
+      rank_(other.rank_), world_(other.world_), pending_(std::move(other.pending_)),
+      spare_(std::move(other.spare_)), checked_folder_(other.checked_folder_) {}
 
-DTRAIN_API Checkpoint::~Checkpoint() { finish_quietly(); }
+DTRAIN_API Checkpoint::~Checkpoint() {
+  finish_quietly();
+  release_name();
+}
+
+DTRAIN_API void Checkpoint::release_name() noexcept {
+  if (name_slot_ >= 0) detail::CheckpointNameSlots::release(name_key_, name_slot_);
+  name_slot_ = -1;
+}
 
 DTRAIN_API Checkpoint& Checkpoint::operator=(Checkpoint&& other) noexcept {
   if (this != &other) {
     finish_quietly();
+    release_name();
+    name_key_ = std::move(other.name_key_);
+    name_slot_ = std::exchange(other.name_slot_, -1);
+    op_name_ = std::move(other.op_name_);
     options_ = std::move(other.options_);
     rank_ = other.rank_;
     world_ = other.world_;
@@ -92,15 +165,15 @@ DTRAIN_API std::optional<RestoredCheckpoint> Checkpoint::restore() {
   std::pair<std::string, std::string> verdict{"none", ""};  // none | ok <file> | error <why>
   auto bytes = std::make_shared<std::vector<char>>();
   if (rank_ == 0) verdict = choose(*bytes);
-  verdict = broadcast_object(verdict, 0, "dtrain.checkpoint.restore");
+  verdict = broadcast_object(verdict, 0, op_name_ + ".restore");
   if (verdict.first == "error") throw CheckpointError(verdict.second);
   if (verdict.first == "none") return std::nullopt;
 
   std::vector<std::int64_t> size{static_cast<std::int64_t>(bytes->size())};
-  broadcast(size, 0, "dtrain.checkpoint.restore.size");
+  broadcast(size, 0, op_name_ + ".restore.file_size");
   bytes->resize(static_cast<std::size_t>(size[0]));
   std::span<std::uint8_t> view(reinterpret_cast<std::uint8_t*>(bytes->data()), bytes->size());
-  broadcast(view, 0, "dtrain.checkpoint.restore.bytes");
+  broadcast(view, 0, op_name_ + ".restore.bytes");
   detail::CheckpointRecord record;
   if (const std::string why = detail::parse_checkpoint(*bytes, record); !why.empty())
     throw CheckpointError(fmt::format("dtrain: checkpoint {} arrived damaged on rank {}: {}",
@@ -175,7 +248,7 @@ DTRAIN_API Checkpoint::PerRankItems Checkpoint::gather_per_rank(
     item.write(w);
     mine.emplace_back(std::string(item.name()), std::move(w.bytes()));
   }
-  auto all = allgather_object(mine, "dtrain.checkpoint.save.per_rank");
+  auto all = allgather_object(mine, op_name_ + ".save.per_rank");
   for (std::size_t r = 1; r < all.size(); ++r) {
     bool same = all[r].size() == all[0].size();
     for (std::size_t i = 0; same && i < all[r].size(); ++i) same = all[r][i].first == all[0][i].first;
