@@ -7,6 +7,8 @@
 #include <chrono>
 #include <optional>
 
+#include "support/skip.hpp"
+
 using dtrain::detail::Watchdog;
 using namespace std::chrono_literals;
 using Ns = std::optional<std::chrono::nanoseconds>;
@@ -31,7 +33,10 @@ TEST_CASE("lateness under a second is never a pause") {
 TEST_CASE("the run-queue time is read from the kernel where Linux reports it") {
   const auto waited = Watchdog::run_queue_wait();
   if (!waited) {
-    MESSAGE("/proc/thread-self/schedstat is not readable here: pauses count all lateness");
+    // Nothing was checked: a pass would claim the kernel's figure was read.
+    MESSAGE("SKIPPED: /proc/thread-self/schedstat is not readable here (pauses count all "
+            "lateness); the run-queue time was not checked");
+    dtrain_test_support::mark_skipped();
     return;
   }
   CHECK(waited->count() >= 0);
