@@ -181,6 +181,31 @@ TEST_CASE("gradient_predivide_factor gives the same result as without") {
   }
 }
 
+// The test above cannot fail: pre- and postscaling by f cancel, so a factor that is ignored gives
+// the same weights. What the factor changes is the range of the values summed on the wire: here a
+// gradient of 40000 on every rank, an fp16 value whose sum over 2 or more ranks is not (fp16 ends
+// at 65504). Divided by n first, the sum stays in range (as tests/torch checks for libtorch).
+TEST_CASE("gradient_predivide_factor keeps an fp16-compressed sum of large gradients finite") {
+  dtrain::init();
+  const int n = world_size();
+  auto reduced_gradient = [&](double factor) {
+    Sgd sgd(Params{std::vector<double>{0.0}}, 0.0, 0.0);
+    DistributedOptimizerOptions options;
+    options.compression = Compression::fp16;
+    options.gradient_predivide_factor = factor;
+    DistributedOptimizer<Sgd> opt(sgd, options);
+    sgd.grads[0][0] = 40000;
+    opt.synchronize();
+    return sgd.grads[0][0];
+  };
+  const double g = reduced_gradient(n);
+  // 40000 is an fp16 value; 40000 / n and the sum of n of them round at most n + 1 times.
+  CHECK_MESSAGE(std::abs(g - 40000) <= 40000 * (n + 1) * std::ldexp(1.0, -11),
+                fmt::format("rank {}: {}", world_rank(), g));
+  // What the factor is for: ignored (a factor of 1), the sum overflows.
+  if (n > 1) CHECK(std::isinf(reduced_gradient(1.0)));
+}
+
 TEST_CASE("fp16 and bf16 compression stay within the 16-bit rounding of the exact average") {
   dtrain::init();
   const Shards shards;
