@@ -62,6 +62,8 @@ struct Options {
   std::string record_samples;        // elastic, testing: a folder for each step's sample indices
   std::int64_t stop_after_step = -1;  // elastic, testing: commit then and exit as for a resize
   int step_delay_ms = 0;             // elastic, testing: a pause after each step
+  std::string job_name;              // elastic: the job whose commits to resume; empty: dtrainrun's
+  bool resume_other_job = false;     // elastic: resume the newest commit of any job
 };
 
 [[noreturn]] void usage(const std::string& problem) {
@@ -72,7 +74,8 @@ struct Options {
                "                   [--jitter X] [--checkpoint-dir DIR] [--checkpoint-every STEPS]\n"
                "                   [--keep-checkpoints K] [--resume]\n"
                "                   [--crash-rank R --crash-after-step N]\n"
-               "                   [--elastic [--record-samples DIR] [--stop-after-step N]\n"
+               "                   [--elastic [--job-name NAME] [--resume-other-job]\n"
+               "                              [--record-samples DIR] [--stop-after-step N]\n"
                "                              [--step-delay-ms MS]]\n"
                "--resume continues from the newest valid checkpoint in DIR, if there is one.\n"
                "--crash-rank/--crash-after-step (for testing restarts) make rank R kill itself\n"
@@ -82,6 +85,9 @@ struct Options {
                "host's own folder ({host} is replaced by the host's name), committed every\n"
                "--checkpoint-every steps and at each epoch's end; the newest commit any host\n"
                "holds is resumed from; a resize asked by dtrainrun ends the world with 75.\n"
+               "Only this job's commits are resumed: those of this dtrainrun, or with\n"
+               "--job-name those of every run with that name; --resume-other-job resumes\n"
+               "the newest commit whoever wrote it.\n"
                "Every epoch trains on every sample exactly once, whatever the world sizes.\n"
                "--record-samples DIR (testing) appends each step's sample indices to\n"
                "DIR/samples.g<generation>.r<rank>; --stop-after-step N (testing) commits after\n"
@@ -112,6 +118,10 @@ Options parse_options(int argc, char** argv) {
       o.elastic = true;
       continue;
     }
+    if (flag == "--resume-other-job") {
+      o.resume_other_job = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(fmt::format("{} needs a value", flag));
     const std::string_view v = argv[++i];
     if (flag == "--epochs") o.epochs = parse<int>(flag, v);
@@ -131,12 +141,15 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--record-samples") o.record_samples = std::string(v);
     else if (flag == "--stop-after-step") o.stop_after_step = parse<std::int64_t>(flag, v);
     else if (flag == "--step-delay-ms") o.step_delay_ms = parse<int>(flag, v);
+    else if (flag == "--job-name") o.job_name = std::string(v);
     else usage(fmt::format("unknown option {}", flag));
   }
   if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0 || o.elastic))
     usage("--resume, --checkpoint-every and --elastic need --checkpoint-dir");
-  if (!o.elastic && (!o.record_samples.empty() || o.stop_after_step >= 0 || o.step_delay_ms != 0))
-    usage("--record-samples, --stop-after-step and --step-delay-ms go with --elastic");
+  if (!o.elastic && (!o.record_samples.empty() || o.stop_after_step >= 0 || o.step_delay_ms != 0 ||
+                     !o.job_name.empty() || o.resume_other_job))
+    usage("--record-samples, --stop-after-step, --step-delay-ms, --job-name and "
+          "--resume-other-job go with --elastic");
   if (o.step_delay_ms < 0) usage("--step-delay-ms must be non-negative");
   if (o.elastic && o.stop_after_step == 0) usage("--stop-after-step must be at least 1");
   if (o.jitter < 0 || o.checkpoint_every < 0 || o.keep_checkpoints < 0)
@@ -435,12 +448,16 @@ int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
   // dtrain: commits to this host's own folder; dtrainrun is asked at each one whether to resize.
   dtrain::elastic::State elastic({.directory = o.checkpoint_dir,
                                   .commit_every = o.checkpoint_every,
-                                  .keep_last = o.keep_checkpoints});
+                                  .keep_last = o.keep_checkpoints,
+                                  .job_name = o.job_name,
+                                  .on_other_job = o.resume_other_job
+                                                      ? dtrain::elastic::OtherJobCommits::resume
+                                                      : dtrain::elastic::OtherJobCommits::skip});
   dtrain::DistributedSampler sampler(n, {.parts = world, .part = rank},
                                      {.shuffle = true, .seed = o.seed});
   std::int64_t step = 0;
   std::int64_t first_epoch = 0;
-  if (auto restored = elastic.restore()) {  // dtrain: the newest commit any host holds
+  if (auto restored = elastic.restore()) {  // dtrain: this job's newest commit any host holds
     restored->load("model", model);
     restored->load("optimizer", sgd);  // momentum intact across the resize
     const auto position = restored->get<dtrain::SamplerState>("sampler");

@@ -186,13 +186,14 @@ def check_samples(records, starts, final_step):
 
 def reference_run(cluster, env, world_layouts, starts, final_step, folder):
     """The same world changes at the same steps, without a failure: one plain dtrainrun job per
-    world, each stopping (committing, exit 75) where the next world of the elastic run began."""
+    world, each stopping (committing, exit 75) where the next world of the elastic run began. The
+    worlds are separate dtrainruns, so they share a job name to resume each other's commits."""
     for i, (generation, _) in enumerate(starts):
         hosts = [cluster.host(a) for a in world_layouts[generation]]
         stop = ["--stop-after-step", str(starts[i + 1][1])] if i + 1 < len(starts) else []
         argv = cluster.on(2, [DTRAINRUN, "-H", cluster.host_list(1, hosts), "--launcher-agent",
-                              cluster.agent, "--", PLAIN_TRAIN, "--elastic", "--checkpoint-dir",
-                              folder, *TRAINER, *stop])
+                              cluster.agent, "--", PLAIN_TRAIN, "--elastic", "--job-name",
+                              "reference", "--checkpoint-dir", folder, *TRAINER, *stop])
         try:
             done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, errors="replace",

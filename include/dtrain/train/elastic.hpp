@@ -50,6 +50,23 @@
 // launcher that cannot be reached costs one timeout now and then, not one every commit. Outside
 // dtrainrun's elastic mode (no DTRAIN_ELASTIC) nothing is asked and State only commits and
 // restores.
+//
+// Note [Whose commits]
+// A folder outlives the job that wrote it: a new job pointed at a folder an earlier job used
+// would otherwise resume that job's weights and step without a word. So every commit records the
+// job that wrote it, as its first shared item "dtrain.job" (a string; the file format stays
+// Checkpoint's, and a reader that does not know the item sees one item more), and restore() takes
+// only its own job's commits. The job is Options::job_name, or else DTRAINRUN_JOB_ID, which is
+// the same in every world of one dtrainrun and different for every dtrainrun (Note [Job
+// identity] in tools/dtrain_launcher/mpi.py), or else "" (an unnamed job: mpiexec, no name);
+// commits written before commits recorded their job count as an unnamed job's. Each host's writer
+// reads only the first bytes of each file to learn its job; the other jobs' commits are left
+// where they are, said once per restore (the folder, the job, how many, the newest step), and
+// never pruned: pruning keeps this job's newest keep_last commits, so another job's later steps
+// cannot push this job's commits out. Options::on_other_job = resume takes the newest commit of
+// any job, as dtrain did before, and prunes across jobs. The ranks check that they name the same
+// job (a hash of it travels with each host's newest step), since a vote over different jobs'
+// commits would mix two jobs' states.
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
@@ -70,6 +87,12 @@ namespace elastic {
 // "A resize was asked for and my state is committed" (EX_TEMPFAIL), the status dtrainrun expects.
 inline constexpr int resize_exit_status = 75;
 
+// What restore() does with commits that another job wrote (Note [Whose commits]).
+enum class OtherJobCommits : std::uint8_t {
+  skip,    // resume only this job's commits; say how many of another job's were left alone
+  resume,  // resume the newest commit of any job (to continue an earlier job's training)
+};
+
 struct Options {
   // This host's own folder (a local disk, or /dev/shm); "{host}" is replaced by the host's name.
   // Created by each host's writer.
@@ -78,6 +101,10 @@ struct Options {
   int keep_last = 2;              // commits kept on each host; 0 keeps every one
   std::chrono::milliseconds launcher_timeout{2000};  // connection and answer, together
   std::chrono::milliseconds retry_after{10000};      // after a failed question
+  // The job whose commits these are; empty: DTRAINRUN_JOB_ID (one per dtrainrun), or unnamed.
+  // Give a name that stays the same where one job spans several dtrainruns (a requeued batch job).
+  std::string job_name{};
+  OtherJobCommits on_other_job = OtherJobCommits::skip;
 };
 
 // What dtrainrun's elastic mode told this process (docs/elastic.md, "Environment").
@@ -86,6 +113,7 @@ struct Launch {
   std::string notify;              // DTRAIN_ELASTIC_NOTIFY: "<address>:<port>"
   std::int64_t generation = 0;     // DTRAIN_ELASTIC_GENERATION
   std::int64_t restart_count = 0;  // DTRAINRUN_RESTART_COUNT
+  std::string job_id;              // DTRAINRUN_JOB_ID: the same in every world of one dtrainrun
 };
 
 // Reads the variables. Throws InvalidArgumentError naming a variable whose value is malformed.
@@ -106,8 +134,9 @@ class State {
   // Waits for this host's write in flight; its error is logged (a destructor cannot throw).
   DTRAIN_API ~State();
 
-  // Collective. The newest valid commit that any rank's host holds, on every rank, or nothing
-  // (start afresh) when no host holds one (Note [Newest commit any rank holds]).
+  // Collective. The newest valid commit of this job that any rank's host holds, on every rank, or
+  // nothing (start afresh) when no host holds one (Note [Newest commit any rank holds], Note
+  // [Whose commits]). Throws InvalidArgumentError on every rank when the ranks name other jobs.
   DTRAIN_API std::optional<RestoredCheckpoint> restore();
 
   bool commit_due(std::int64_t step) const noexcept {
@@ -141,6 +170,8 @@ class State {
   std::int64_t generation() const noexcept { return launch_.generation; }
   // Options::directory with "{host}" replaced: this host's folder.
   const std::string& directory() const noexcept { return directory_; }
+  // The job its commits belong to (Note [Whose commits]); empty: an unnamed job.
+  const std::string& job() const noexcept { return job_; }
   // Whether this rank writes its host's commits (its local rank 0).
   bool writes() const noexcept { return writer_; }
   const Options& options() const noexcept { return options_; }
@@ -151,6 +182,7 @@ class State {
   Options options_;
   Launch launch_;
   std::string directory_;
+  std::string job_;
   int rank_ = 0;
   int world_ = 1;
   bool writer_ = false;

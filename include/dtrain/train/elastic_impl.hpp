@@ -73,6 +73,26 @@ inline std::string this_host_name() {
   return name;
 }
 
+// A job's name as a number the ranks compare in restore()'s allgather (FNV-1a, 64 bits).
+inline std::int64_t job_fingerprint(std::string_view job) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const char c : job) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return static_cast<std::int64_t>(h >> 1);  // non-negative
+}
+
+inline std::string describe_job(const std::string& job) {
+  return job.empty() ? std::string("an unnamed job") : fmt::format("job '{}'", job);
+}
+
+// The background half of a commit: the file, then pruning among `job`'s commits (all when null).
+inline std::vector<char> write_commit_file(std::filesystem::path directory, std::int64_t step,
+                                           int keep_last, std::vector<char> payload,
+                                           std::optional<std::string> job) {
+  auto buffer = write_checkpoint_file(directory, step, 0, std::move(payload));
+  prune_job_commits(directory, keep_last, job ? &*job : nullptr);
+  return buffer;
+}
+
 template <class T>
 std::string parse_environment_number(const char* name, T& value) {
   const char* text = std::getenv(name);
@@ -100,6 +120,7 @@ DTRAIN_API Launch launch_from_environment() {
     throw InvalidArgumentError(
         fmt::format("dtrain: {} (dtrainrun sets it in elastic mode)", problem));
   if (const char* notify = std::getenv("DTRAIN_ELASTIC_NOTIFY")) launch.notify = notify;
+  if (const char* job = std::getenv("DTRAINRUN_JOB_ID")) launch.job_id = job;
   if (launch.elastic && !detail::parse_notify_address(launch.notify))
     throw InvalidArgumentError(fmt::format(
         "dtrain: DTRAIN_ELASTIC_NOTIFY='{}': expected <address>:<port> of dtrainrun's "
@@ -130,6 +151,7 @@ DTRAIN_API State::State(Options options)
   } catch (const InvalidArgumentError& e) {
     problem = e.what();
   }
+  job_ = options_.job_name.empty() ? launch_.job_id : options_.job_name;
   const std::string host = dtrain::detail::this_host_name();
   directory_ = dtrain::detail::resolve_commit_directory(options_.directory, host).string();
   if (problem.empty() && writer_)
@@ -143,7 +165,8 @@ DTRAIN_API State::State(Options options)
 
 DTRAIN_API State::State(State&& other) noexcept
     : options_(std::move(other.options_)), launch_(std::move(other.launch_)),
-      directory_(std::move(other.directory_)), rank_(other.rank_), world_(other.world_),
+      directory_(std::move(other.directory_)), job_(std::move(other.job_)), rank_(other.rank_),
+      world_(other.world_),
       writer_(other.writer_), resize_requested_(other.resize_requested_),
       next_world_size_(other.next_world_size_), last_commit_(other.last_commit_),
       checked_folder_(other.checked_folder_), workings_(std::move(other.workings_)) {}
@@ -154,6 +177,7 @@ DTRAIN_API State& State::operator=(State&& other) noexcept {
     options_ = std::move(other.options_);
     launch_ = std::move(other.launch_);
     directory_ = std::move(other.directory_);
+    job_ = std::move(other.job_);
     rank_ = other.rank_;
     world_ = other.world_;
     writer_ = other.writer_;
@@ -199,21 +223,48 @@ DTRAIN_API std::optional<RestoredCheckpoint> State::restore() {
   } catch (const CheckpointError& e) {
     problem = e.what();
   }
+  const bool own_only = options_.on_other_job == OtherJobCommits::skip;
+  const std::string* own = own_only ? &job_ : nullptr;
   auto bytes = std::make_shared<std::vector<char>>();
   d::CheckpointRecord record;
   std::int64_t mine = -1;
+  std::vector<d::OtherJobCommits> others;
   if (writer_ && problem.empty())
-    mine = d::newest_valid_commit(directory_, *bytes, record).value_or(-1);
+    mine = d::newest_valid_commit(directory_, *bytes, record, own, &others).value_or(-1);
+  for (const auto& other : others)
+    d::log(LogLevel::warning,
+           "dtrain: elastic: {} holds {} commit(s) of {} (the newest of step {}), which this "
+           "job ({}) does not resume: they are left alone. To resume that job's state, set "
+           "elastic::Options::on_other_job = OtherJobCommits::resume (or give this job its name "
+           "with Options::job_name); to start afresh without this warning, remove them",
+           directory_, other.count, d::describe_job(other.job), other.newest_step,
+           d::describe_job(job_));
   d::agree_on_problem(problem, rank_, world_, "dtrain.elastic.restore.check",
                       "reading its commits");
 
-  const auto steps = allgather(std::vector<std::int64_t>{mine}, "dtrain.elastic.restore.steps");
+  // Each rank's {newest step, job}: a vote over the commits of two jobs would mix their states.
+  const std::int64_t fingerprint =
+      d::job_fingerprint(fmt::format("{}\n{}", job_, own_only ? "skip" : "resume"));
+  const auto votes = allgather(std::vector<std::int64_t>{mine, fingerprint},
+                               "dtrain.elastic.restore.steps");
+  std::vector<std::int64_t> steps;
+  std::vector<int> differ;
+  for (std::size_t r = 0; r < votes.size() / 2; ++r) {
+    steps.push_back(votes[2 * r]);
+    if (votes[2 * r + 1] != votes[1]) differ.push_back(static_cast<int>(r));
+  }
+  if (!differ.empty())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: elastic: rank(s) {} name another job than rank 0 (elastic::Options::job_name, "
+        "DTRAINRUN_JOB_ID, or Options::on_other_job differ); this rank ({}) names {}. Every rank "
+        "must name the same job, or one restore would mix the commits of two jobs",
+        fmt::join(differ, ", "), rank_, d::describe_job(job_)));
   const auto newest = std::max_element(steps.begin(), steps.end());  // the first: lowest rank
   checked_folder_ = true;  // commits continue after the newest one
   if (*newest < 0) {
     if (rank_ == 0)
-      d::log(LogLevel::info, "dtrain: elastic: no host holds a commit in {}: starting afresh",
-             options_.directory);
+      d::log(LogLevel::info, "dtrain: elastic: no host holds a commit {}in {}: starting afresh",
+             own_only ? fmt::format("of {} ", d::describe_job(job_)) : "", options_.directory);
     return std::nullopt;
   }
   const std::int64_t step = *newest;
@@ -236,14 +287,18 @@ DTRAIN_API std::optional<RestoredCheckpoint> State::restore() {
   if (writer_ && mine != step) {
     std::vector<char> payload(bytes->begin() + d::checkpoint_header_bytes,
                               bytes->end() - d::checkpoint_trailer_bytes);
-    workings_->write = std::async(std::launch::async, &d::write_checkpoint_file, directory_, step,
-                                  options_.keep_last, std::move(payload));
+    workings_->write = std::async(std::launch::async, &d::write_commit_file, directory_, step,
+                                  options_.keep_last, std::move(payload),
+                                  own_only ? std::optional(job_) : std::nullopt);
   }
+  const std::string written_by = d::commit_job(*bytes, record, /*take=*/true);
   if (rank_ == 0)
     d::log(LogLevel::info,
-           "dtrain: elastic: resuming from the commit of step {} (epoch {}), held by rank {}'s "
-           "host, written by {} ranks; {} ranks now",
-           step, record.epoch, holder, record.world_size, world_);
+           "dtrain: elastic: resuming from the commit of step {} (epoch {}) of {}, held by rank "
+           "{}'s host, written by {} ranks; {} ranks now",
+           step, record.epoch,
+           written_by == job_ ? "this job" : d::describe_job(written_by) + ", another job", holder,
+           record.world_size, world_);
   last_commit_ = step;
   const auto file = std::filesystem::path(directory_) / d::checkpoint_file_name(step);
   return RestoredCheckpoint(std::move(bytes), std::move(record), file.string(), rank_);
@@ -253,11 +308,18 @@ DTRAIN_API void State::commit(const TrainingProgress& progress,
                               std::initializer_list<CheckpointItem> shared) {
   namespace d = dtrain::detail;
   d::check_save_arguments("elastic::State::commit", progress, shared, {});
+  for (const auto& item : shared)
+    if (item.name() == d::commit_job_item)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: elastic::State::commit: the item name '{}' is dtrain's own (the job that "
+          "wrote the commit, Note [Whose commits]); give the item another name",
+          item.name()));
+  const std::string* own = options_.on_other_job == OtherJobCommits::skip ? &job_ : nullptr;
   std::string problem;
   if (writer_ && !checked_folder_) {
-    // Pruning keeps the highest steps: a later commit of another run would outlive every commit
-    // of this one, and a restart would resume from it.
-    const auto files = d::list_checkpoint_files(directory_);
+    // Pruning keeps this job's highest steps: a later commit of an earlier run of the same job
+    // would outlive every commit of this one, and a restart would resume from it.
+    const auto files = d::job_commit_files(directory_, own);
     if (!files.empty() && files.back().step > progress.step)
       problem = fmt::format(
           "dtrain: elastic: the commit folder {} holds {} (step {}), later than this commit (step "
@@ -273,7 +335,9 @@ DTRAIN_API void State::commit(const TrainingProgress& progress,
     try {
       w.bytes().swap(workings_->spare);
       w.bytes().clear();
-      d::write_payload_head(w, progress, world_, shared);
+      std::vector<CheckpointItem> items{{d::commit_job_item, job_}};  // Note [Whose commits]
+      items.insert(items.end(), shared.begin(), shared.end());
+      d::write_payload_head(w, progress, world_, items);
       w.write(std::uint64_t{0});  // no per-rank items
     } catch (const std::exception& e) {
       problem = fmt::format("dtrain: elastic: serializing the items of step {} failed: {}",
@@ -282,8 +346,9 @@ DTRAIN_API void State::commit(const TrainingProgress& progress,
     try {
       wait();
       if (problem.empty())
-        workings_->write = std::async(std::launch::async, &d::write_checkpoint_file, directory_,
-                                      progress.step, options_.keep_last, std::move(w.bytes()));
+        workings_->write = std::async(std::launch::async, &d::write_commit_file, directory_,
+                                      progress.step, options_.keep_last, std::move(w.bytes()),
+                                      own ? std::optional(job_) : std::nullopt);
     } catch (const std::exception& e) {
       if (problem.empty()) problem = e.what();
     }
