@@ -82,7 +82,8 @@ struct Checks {
   }
 
   // Every rank's weights and the loss over the whole dataset, the same on every rank or not.
-  void check(const std::shared_ptr<ModelImpl>& model, const std::string& tag, const char* when) {
+  void check(const std::shared_ptr<ModelImpl>& model, const std::string& tag,
+             const char* when) {
     torch::NoGradGuard no_grad;
     std::vector<torch::Tensor> flat;
     for (const auto& p : model->parameters()) flat.push_back(p.detach().flatten());
@@ -132,7 +133,8 @@ inline torch::Tensor loss_of(const std::shared_ptr<readme::ModelImpl>& model,
                              const readme::Batch& batch) {
   readme::Checks& c = readme::checks;
   ++c.losses_this_epoch;
-  if (c.epochs_begun == 1 && c.losses_this_epoch == 1) c.check(model, "first", "after broadcast_module");
+  if (c.epochs_begun == 1 && c.losses_this_epoch == 1)
+    c.check(model, "first", "after broadcast_module");
   if (c.epochs_begun == epochs && c.losses_this_epoch == c.batches_this_epoch) {
     c.check(model, "last", "at the last step");
     c.finished = true;
