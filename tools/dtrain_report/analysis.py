@@ -3,6 +3,7 @@ count (warm-up left out), steps aligned across ranks, and the sampled metrics.""
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -17,8 +18,14 @@ IN_FLIGHT_COUNTER = "in_flight_ns"
 EXECUTION_COUNTER = "collective_ns"
 
 
+def _present(values) -> list:
+    """The values that are numbers: None and NaN left out (`v == v` is false for NaN only)."""
+    return [v for v in values if v is not None and v == v]
+
+
 def median(values) -> float:
-    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    xs = _present(values)
+    xs.sort()
     if not xs:
         return math.nan
     n = len(xs)
@@ -26,7 +33,8 @@ def median(values) -> float:
 
 
 def percentile(values, q: float) -> float:
-    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    xs = _present(values)
+    xs.sort()
     if not xs:
         return math.nan
     k = (len(xs) - 1) * q
@@ -35,7 +43,7 @@ def percentile(values, q: float) -> float:
 
 
 def mean(values) -> float:
-    xs = [v for v in values if v is not None and not math.isnan(v)]
+    xs = _present(values)
     return sum(xs) / len(xs) if xs else math.nan
 
 
@@ -67,6 +75,8 @@ def step_range(indices) -> str:
 
 
 def is_number(v) -> bool:
+    if type(v) is float:  # most values: the same answer, sooner
+        return math.isfinite(v)
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -285,7 +295,8 @@ class Analysis:
     def step_of(self, rank: int, index: int) -> Step | None:
         return self._by_index[rank].get(index)
 
-    @property
+    # Cached: the charts ask once per step, and the steps do not change after analyze().
+    @functools.cached_property
     def has_phase(self) -> set[str]:
         return {p for s in self.ranks.values() for st in s.steps for p in st.phases_ms}
 
@@ -301,7 +312,7 @@ class Analysis:
     def has_sample_engine(self) -> bool:
         return any(s.sample_engine_total for s in self.ranks.values())
 
-    @property
+    @functools.cached_property
     def compute_marked(self) -> bool:
         return bool(self.has_phase & set(COMPUTE_PHASES))
 

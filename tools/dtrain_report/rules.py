@@ -5,6 +5,8 @@ ranks and steps behind the verdict and what to do about it. One rule only summar
 
 from __future__ import annotations
 
+import bisect
+import collections
 import math
 from dataclasses import dataclass, field
 
@@ -242,6 +244,19 @@ def communication_bound(a: Analysis) -> Finding:
         evidence, advice, ranks=sorted(shares), steps=a.common_steps)
 
 
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of the sorted `ordered` without one occurrence of `value`: median() of the
+    other ranks' values, without sorting them again for every rank."""
+    k = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j if j < k else j + 1]
+    if n == 0:
+        return math.nan
+    return at(n // 2) if n % 2 else 0.5 * (at(n // 2 - 1) + at(n // 2))
+
+
 def straggler_rank(a: Analysis) -> Finding:
     rule, title = "straggler_rank", "Straggler rank"
     if len(a.ranks) < 2:
@@ -262,8 +277,9 @@ def straggler_rank(a: Analysis) -> Finding:
     for i in steps:
         busy = {r: a.step_of(r, i).busy_ms for r in ranks}
         slowest_in[max(ranks, key=lambda r: busy[r])].append(i)
+        ordered = sorted(busy.values())
         for r in ranks:
-            others = median(busy[o] for o in ranks if o != r)
+            others = _median_without(ordered, busy[r])
             ratios[r].append(busy[r] / others if others > 0 else math.inf)
             excess[r].append(busy[r] - others)
     t = a.thresholds
@@ -480,9 +496,10 @@ def step_outlier(a: Analysis) -> Finding:
             slowest = [max(a.ranks, key=lambda r: a.step_of(r, st.index).busy_ms)
                        for st in outliers if all(a.step_of(r, st.index) for r in a.ranks)]
             if slowest:
-                culprit = max(set(slowest), key=slowest.count)
+                counts = collections.Counter(slowest)
+                culprit = max(set(slowest), key=counts.__getitem__)
                 line += (f"; rank {culprit}'s own work was the longest in "
-                         f"{slowest.count(culprit)} of those {len(outliers)} steps")
+                         f"{counts[culprit]} of those {len(outliers)} steps")
         evidence.append(line)
         if phase == "data":
             advice.append(f"Rank {s.rank}'s input stalls now and then: a loader queue that runs "
