@@ -2,8 +2,9 @@
 (local_slurm.py), and a main() that reports a machine where SLURM cannot start as skipped.
 
 A test file runs as a script (`python3 test_slurm_jobs.py`): it exits 0 when every test passed,
-1 when one failed, and 77 (ctest's SKIP_RETURN_CODE) when SLURM cannot start here, saying why;
-with DTRAIN_TEST_REQUIRE_SLURM=1 that is a failure instead, for machines set up to run SLURM.
+1 when one failed, and 77 (ctest's SKIP_RETURN_CODE) when SLURM cannot start here or a test
+skipped itself, saying why; with DTRAIN_TEST_REQUIRE_SLURM=1 that is a failure instead, for
+machines set up to run SLURM.
 """
 import json
 import os
@@ -18,6 +19,8 @@ from typing import Dict, List, Optional, Tuple
 import local_slurm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from run_unittest import verdict  # noqa: E402
 LAUNCHER_PROGRAMS = os.path.join(HERE, "..", "launcher", "programs")
 # ctest passes the build tree's dtrainrun and programs; run by hand, the source tree's dtrainrun.
 DTRAINRUN = os.environ.get("DTRAINRUN", os.path.join(HERE, "..", "..", "tools", "dtrainrun"))
@@ -119,7 +122,7 @@ def main(nodes: int) -> int:
     finally:
         cluster = None
     print(f"{time.monotonic() - began:.1f} s with the cluster started and stopped")
-    return 0 if result.wasSuccessful() else 1
+    return verdict(result, required)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ if(DTRAIN_MPI_FLAVOR_DETECTED STREQUAL "openmpi")
   set(_dtrain_oversubscribe --oversubscribe --allow-run-as-root)
 endif()
 
+# Python unittest files run through run_unittest.py: `python3 -m unittest` exits 0 when cases were
+# skipped, so ctest would report them passed; the runner exits 77 (SKIP_RETURN_CODE) instead.
+set(DTRAIN_RUN_UNITTEST ${_dtrain_tests_dir}/support/run_unittest.py)
+
 add_library(dtrain_test_main STATIC ${_dtrain_tests_dir}/support/mpi_main.cpp)
 target_link_libraries(dtrain_test_main PUBLIC dtrain::dtrain doctest::doctest)
 target_include_directories(dtrain_test_main PUBLIC ${_dtrain_tests_dir})
