@@ -2,7 +2,8 @@
 # Sets up a fresh Debian 12 machine and runs every dtrain test: installs the missing apt packages
 # and the tested libtorch (PyPI's torch wheel, into .venv/), configures against MPICH and that
 # libtorch, builds, runs ctest. A libtorch that cannot be used fails the configure: the libtorch
-# tests are never skipped here. Then the Open MPI configuration (tools/run-openmpi-tests.sh): a
+# tests are never skipped here, nor are the tests of what it installs (Chromium, pycocotools, and
+# as root SLURM and network namespaces). Then the Open MPI configuration (tools/run-openmpi-tests.sh): a
 # second build against Open MPI and its multi-process subset, in <build>-openmpi.
 #
 #   tools/run-tests.sh            (build directory: build/, or $DTRAIN_BUILD_DIR)
@@ -21,10 +22,21 @@ unset DTRAIN_TORCH_VENV DTRAIN_BUILD_DIR
 "$venv/bin/python" -c 'import pycocotools' 2>/dev/null ||
   "$venv/bin/python" -m pip install --progress-bar off pycocotools >&2
 
+# What this command installs, its tests must use: a test that cannot is a failure, never a skip.
+# Chromium (--browser) and pycocotools always; SLURM (--slurm) and network namespaces (iproute2)
+# need root as well, so they are required where the tests run as root.
+as_root=OFF
+if ((EUID == 0)); then
+  as_root=ON
+fi
+
 # MPICH is the reference MPI; pin it by its suffixed wrappers so an Open MPI installed next to it
 # cannot sneak into the build or the test launcher.
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich \
-  -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON -DMASK_RCNN_PYTHON="$venv/bin/python"
+  -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON -DMASK_RCNN_PYTHON="$venv/bin/python" \
+  -DDTRAIN_TEST_REQUIRE_BROWSER=ON -DDTRAIN_TEST_REQUIRE_PYCOCOTOOLS=ON \
+  -DDTRAIN_TEST_REQUIRE_SLURM="$as_root" \
+  -DDTRAIN_TEST_REQUIRE_NETNS="$as_root"
 cmake --build "$build" -j "$jobs"
 status=0
 (cd "$build" && ctest --output-on-failure -j "$jobs") || status=$?

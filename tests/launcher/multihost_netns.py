@@ -20,7 +20,8 @@ test checks:
 Exit status: 0 passed; 77 network namespaces are not permitted here (not root, no `ip`, or the
 kernel refuses): the same job then runs with DTRAIN_HOST_ID emulation on one machine, and the
 test reports itself skipped (ctest SKIP_RETURN_CODE), because the network was not tested; any
-other status is a failure. DTRAIN_TEST_NO_NETNS=1 takes the emulation path on purpose.
+other status is a failure. DTRAIN_TEST_NO_NETNS=1 takes the emulation path on purpose;
+DTRAIN_TEST_REQUIRE_NETNS=1 (tools/run-tests.sh as root) makes missing namespaces a failure.
 
 Note [Finalize over TCP]
 The jobs here are the ones that showed MPICH/UCX hanging in MPI_Finalize across hosts; dtrain
@@ -282,6 +283,10 @@ def emulated_hosts():
 
 def main():
     reason = namespaces_unavailable()
+    if reason and os.environ.get("DTRAIN_TEST_REQUIRE_NETNS") == "1":
+        print(f"FAILED: network namespaces are not available ({reason}), but "
+              f"DTRAIN_TEST_REQUIRE_NETNS=1 says this machine provides them")
+        return 1
     try:
         if reason is None:
             real_hosts()

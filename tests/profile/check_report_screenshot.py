@@ -1,10 +1,12 @@
 """Opens a dtrain-report page in headless Chromium and checks what a reader would see: the page
 renders (a screenshot that is not blank), and the charts are there (in the DOM Chromium built,
-and as their colors in the screenshot). Exits 77 (skipped) when no Chromium is installed.
+and as their colors in the screenshot). Exits 77 (skipped) when no Chromium is installed, 1
+with DTRAIN_TEST_REQUIRE_BROWSER=1 (tools/run-tests.sh, which installs it).
 
 usage: check_report_screenshot.py REPORT.html SCREENSHOT.png
 """
 
+import os
 import shutil
 import subprocess
 import sys
@@ -52,9 +54,10 @@ def main() -> int:
     report, shot = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
     browser = chromium()
     if browser is None:
-        print("SKIP: no Chromium found (Debian: apt-get install chromium, or "
-              "tools/install-deps.sh --browser)")
-        return SKIP
+        required = os.environ.get("DTRAIN_TEST_REQUIRE_BROWSER") == "1"
+        print(f"{'FAIL' if required else 'SKIP'}: no Chromium found (Debian: apt-get install "
+              f"chromium, or tools/install-deps.sh --browser)")
+        return 1 if required else SKIP
     if not report.is_file():
         print(f"FAIL: no report at {report} (the profiled-run test makes it)", file=sys.stderr)
         return 1

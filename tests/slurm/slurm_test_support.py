@@ -4,7 +4,7 @@
 A test file runs as a script (`python3 test_slurm_jobs.py`): it exits 0 when every test passed,
 1 when one failed, and 77 (ctest's SKIP_RETURN_CODE) when SLURM cannot start here or a test
 skipped itself, saying why; with DTRAIN_TEST_REQUIRE_SLURM=1 that is a failure instead, for
-machines set up to run SLURM.
+machines set up to run SLURM (tools/run-tests.sh sets it where it runs as root).
 """
 import json
 import os
