@@ -12,6 +12,11 @@ at once, naming the rank). `pause-all`, `pause-one` and `pause-one-no-timeout` s
 SIGSTOP for longer than the peer timeout and resume them (docs/reliability.md, "A pause is not a
 death"): all ranks together must carry on; one rank alone is lost, unless the peer timeout is off.
 Exit status 0 means the scenario behaved as documented.
+
+With --mpi openmpi (Open MPI's mpirun) only the scenarios in which every rank stays alive until
+the survivors have reported run: `stop`, `freeze`, `stop-timeout-of-rank0` and the pauses. A rank
+that leaves the job (`kill`, `exit3`, `return0`, ...) makes mpirun end every other rank at once,
+and it has no switch like Hydra's -disable-auto-cleanup to keep them (docs/running.md).
 """
 import argparse
 import os
@@ -26,6 +31,9 @@ import time
 DEADLINE_S = 90  # the whole scenario; dtrain's own bound is documented as about 25 s
 PAUSE_S = 8      # longer than PAUSE_PEER_TIMEOUT_S: silence that would end the job if counted
 PAUSE_PEER_TIMEOUT_S = 3
+# Every rank stays in the job until the survivors have reported (see the module's docstring).
+OPENMPI_SCENARIOS = ("stop", "freeze", "stop-timeout-of-rank0", "pause-all", "pause-one",
+                     "pause-one-no-timeout")
 
 
 def run(cmd, env, cwd):
@@ -45,6 +53,25 @@ def run(cmd, env, cwd):
 def fail(message):
     print(f"FAILED: {message}")
     sys.exit(1)
+
+
+# How long the launcher may take to exit once the last rank has ended. Open MPI 4.1's mpirun, told
+# not to end the job at the first rank that fails (orte_abort_on_non_zero_status 0), stays up
+# after the last rank has gone when ranks left without MPI_Finalize, as survivors of a lost peer
+# do (dtrain leaves MPI as it is then): it is ended after a few seconds, and the output says so.
+launcher_exit_s = 30
+
+
+def end_launcher(proc):
+    """The rest of the launcher's output, once it has exited (or been ended)."""
+    try:
+        rest, _ = proc.communicate(timeout=launcher_exit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        rest, _ = proc.communicate()
+        rest += (f"(the launcher was still running {launcher_exit_s} s after the last rank "
+                 f"ended: ended it)\n")
+    return rest
 
 
 def reports(out):
@@ -106,11 +133,7 @@ def run_paused(cmd, env, cwd, np, paused_ranks):
             time.sleep(max(0.0, resume_at - time.monotonic()) + 1)
             signal_all(signal.SIGKILL)
             break
-    try:
-        rest, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        rest, _ = proc.communicate()
+    rest = end_launcher(proc)
     if not paused:
         fail("rank 0 never reached step 100")
     return proc.returncode, "".join(lines) + rest
@@ -122,12 +145,25 @@ def main():
     parser.add_argument("--program", required=True)
     parser.add_argument("--np", type=int, default=3)
     parser.add_argument("--dtrainrun", help="the dtrainrun script, for kill-dtrainrun")
+    parser.add_argument("--mpi", choices=("mpich", "openmpi"), default="mpich",
+                        help="the MPI of --mpiexec and --program")
     parser.add_argument("scenario")
     args = parser.parse_args()
     np, dead = args.np, args.np - 1
     env = dict(os.environ)
     host = os.uname().nodename
-    keep_survivors = [args.mpiexec, "-disable-auto-cleanup", "-n", str(np), args.program]
+    global launcher_exit_s
+    if args.mpi == "openmpi":
+        launcher_exit_s = 5
+        if args.scenario not in OPENMPI_SCENARIOS:
+            fail(f"{args.scenario} needs MPICH's launcher: Open MPI's mpirun ends the whole job "
+                 f"when a rank leaves it")
+        # Root in a container, and more ranks than cores on a small machine.
+        launch = [args.mpiexec, "--oversubscribe", "--allow-run-as-root", "--mca",
+                  "orte_abort_on_non_zero_status", "0"]
+    else:
+        launch = [args.mpiexec, "-disable-auto-cleanup"]
+    keep_survivors = launch + ["-n", str(np), args.program]
     with tempfile.TemporaryDirectory() as work:
         s = args.scenario
         if s in ("kill", "segv", "exit3", "return0"):
@@ -154,13 +190,13 @@ def main():
             env["DTRAIN_OP_TIMEOUT_SECONDS"] = "0" if s == "freeze" else "2"
             env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "10"
             loop_args = [args.program, "loop", str(dead), "5", "stop"]
-            command = [args.mpiexec, "-disable-auto-cleanup", "-n", str(np)] + loop_args
+            command = launch + ["-n", str(np)] + loop_args
             if s == "stop-timeout-of-rank0":
                 env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "0"  # only the op timeout can end the wait
-                command = ([args.mpiexec, "-disable-auto-cleanup", "-n", "1", "-env",
-                            "DTRAIN_OP_TIMEOUT_SECONDS", "2"] + loop_args +
-                           [":", "-n", str(np - 1), "-env", "DTRAIN_OP_TIMEOUT_SECONDS", "0"] +
-                           loop_args)
+                # `env` sets one rank's variable the same way under either launcher.
+                command = (launch + ["-n", "1", "env", "DTRAIN_OP_TIMEOUT_SECONDS=2"] +
+                           loop_args + [":", "-n", str(np - 1), "env",
+                                        "DTRAIN_OP_TIMEOUT_SECONDS=0"] + loop_args)
             proc_out = []
             # The frozen rank never exits on its own: run in the background and end it once the
             # survivors have reported.
@@ -187,11 +223,7 @@ def main():
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            try:
-                rest, _ = proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                rest, _ = proc.communicate()
+            rest = end_launcher(proc)
             out = "".join(proc_out) + rest
             print(out)
             if s != "freeze":
@@ -206,7 +238,7 @@ def main():
         elif s in ("pause-all", "pause-one", "pause-one-no-timeout"):
             env["DTRAIN_PEER_TIMEOUT_SECONDS"] = "0" if s == "pause-one-no-timeout" else str(PAUSE_PEER_TIMEOUT_S)
             paused = list(range(np)) if s == "pause-all" else [dead]
-            cmd = [args.mpiexec, "-disable-auto-cleanup", "-n", str(np), args.program, "steps", "400"]
+            cmd = launch + ["-n", str(np), args.program, "steps", "400"]
             rc, out = run_paused(cmd, env, work, np, paused)
             print(out)
             if s == "pause-one":
