@@ -467,6 +467,13 @@ TEST_CASE("convert_sync_batchnorm: containers are rewritten; a norm it cannot re
                          doctest::Contains("BatchNorm module 'bn' (1 more reference) is "
                                            "referenced from outside the module tree"),
                          InvalidArgumentError);
+    // The error gives the one-line fix, for the dimension of the norm it names.
+    CHECK_THROWS_WITH_AS(dtrain::convert_sync_batchnorm(model),
+                         doctest::Contains("The fix: in the model, write "
+                                           "dtrain::SyncBatchNorm2d where it says "
+                                           "torch::nn::BatchNorm2d (the member's type and its "
+                                           "construction"),
+                         InvalidArgumentError);
     CHECK(model->features[0]->as<torch::nn::BatchNorm2d>() != nullptr);  // untouched
     CHECK(model->named_children()["bn"]->as<torch::nn::BatchNorm2d>() != nullptr);
   }
@@ -485,4 +492,80 @@ TEST_CASE("convert_sync_batchnorm: containers are rewritten; a norm it cannot re
                          doctest::Contains("the module itself is a BatchNorm"),
                          InvalidArgumentError);
   }
+}
+
+namespace {
+
+// The shape convert_sync_batchnorm refuses, written once for either norm: a member that forward()
+// calls. With Norm = dtrain::SyncBatchNorm2d it is the user's fix (one type changed where the
+// member is declared and where it is constructed); with torch::nn::BatchNorm2d, the reference.
+template <class Norm>
+struct MemberNormImpl : torch::nn::Module {
+  MemberNormImpl()
+      : conv(register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(kChannels,
+                                                                                kChannels, 3)
+                                                           .padding(1)
+                                                           .bias(false)))),
+        bn(register_module(
+            "bn", Norm(torch::nn::BatchNorm2dOptions(kChannels).momentum(0.2).eps(1e-3)))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return bn(conv(x)); }
+  torch::nn::Conv2d conv;
+  Norm bn;
+};
+
+template <class Norm>
+std::shared_ptr<MemberNormImpl<Norm>> make_member_norm() {
+  torch::manual_seed(6);  // the same convolution on every rank and for the reference
+  auto model = std::make_shared<MemberNormImpl<Norm>>();
+  model->to(torch::kDouble);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("SyncBatchNorm2d stands where a model declares torch::nn::BatchNorm2d: its options, "
+          "names, and training as one process with the whole batch") {
+  dtrain::init();
+  auto model = make_member_norm<dtrain::SyncBatchNorm2d>();
+  auto ref = make_member_norm<torch::nn::BatchNorm2d>();
+  CHECK(model->bn->as<dtrain::SyncBatchNorm>() != nullptr);
+  CHECK(model->bn->options.num_features() == kChannels);
+  CHECK(model->bn->options.momentum() == 0.2);
+  CHECK(model->bn->options.eps() == 1e-3);
+  CHECK(model->bn->options.affine());
+  CHECK(model->bn->options.track_running_stats());
+  // libtorch's names: a BatchNorm2d model's state loads into this one.
+  CHECK(model->named_parameters().keys() == ref->named_parameters().keys());
+  CHECK(model->named_buffers().keys() == ref->named_buffers().keys());
+  // Nothing left to convert, and nothing refused.
+  CHECK(dtrain::convert_sync_batchnorm(*model) == 0);
+  // The other dimensions and a plain number of features construct the same way.
+  CHECK(dtrain::SyncBatchNorm1d(torch::nn::BatchNorm1dOptions(4))->options.num_features() == 4);
+  CHECK(dtrain::SyncBatchNorm3d(5)->options.num_features() == 5);
+  const dtrain::SyncBatchNorm2d unset{nullptr};
+  CHECK(unset.is_empty());
+
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  dtrain::DistributedOptimizer dist(sgd, model->named_parameters());
+  torch::optim::SGD ref_sgd(ref->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  const std::int64_t per_rank = 2, total = per_rank * world_size();
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(60 + step);
+    const auto x = torch::randn({total, kChannels, 5, 5}, torch::kDouble);
+    const auto target = torch::randn({total, kChannels, 5, 5}, torch::kDouble);
+    dist.zero_grad();
+    const auto mine = world_rank() * per_rank;
+    torch::mse_loss(model->forward(x.narrow(0, mine, per_rank)), target.narrow(0, mine, per_rank))
+        .backward();
+    CHECK(dist.step());
+    ref_sgd.zero_grad();
+    torch::mse_loss(ref->forward(x), target).backward();
+    ref_sgd.step();
+  }
+  // Unsynchronized, each rank's statistics would come from its own two rows: far from these.
+  const double param_error = max_named_error(model->named_parameters(), ref->named_parameters());
+  const double buffer_error = max_named_error(model->named_buffers(), ref->named_buffers());
+  CHECK_MESSAGE(param_error <= 1e-9, fmt::format("parameters: error {:.3e}", param_error));
+  CHECK_MESSAGE(buffer_error <= 1e-9, fmt::format("buffers: error {:.3e}", buffer_error));
+  for (const auto& item : model->named_buffers()) CHECK(same_on_all_ranks(item.value()));
 }

@@ -18,10 +18,11 @@
 // model would train unsynchronized with no sign of it. Such a member cannot be redirected (a
 // BatchNorm2d handle cannot hold a SyncBatchNorm), but it can be detected: the references to each
 // BatchNorm are counted, and one that neither the registry nor a container accounts for means
-// someone else holds it. Then nothing is replaced and the error names the module and how to fix
-// the model: hold the norm in a Sequential (as examples/resnet does), a ModuleList or a
-// ModuleDict, or construct dtrain::SyncBatchNorm directly. A handle the caller merely keeps (a
-// local variable) counts too: release it before converting.
+// someone else holds it. Then nothing is replaced and the error names the module and the one-line
+// fix: where the model declares and constructs torch::nn::BatchNorm2d, write
+// dtrain::SyncBatchNorm2d (torch/sync_batch_norm.hpp: it takes the same options) and skip the
+// conversion; or hold the norm in a Sequential, a ModuleList or a ModuleDict. A handle the caller
+// merely keeps (a local variable) counts too: release it before converting.
 #include <torch/torch.h>
 
 #include <cstddef>
@@ -54,22 +55,34 @@ struct BatchNormParts {
   torch::nn::BatchNormOptions options{1};
   SyncBatchNormState state;
   bool training = true;
+  char dims = '2';  // which of BatchNorm1d/2d/3d, for the fix an error names
 };
 
 template <class Impl>
-bool batch_norm_parts_as(torch::nn::Module& m, BatchNormParts& out) {
+bool batch_norm_parts_as(torch::nn::Module& m, BatchNormParts& out, char dims) {
   auto* bn = dynamic_cast<Impl*>(&m);
   if (bn == nullptr) return false;
   out.options = bn->options;
   out.state = {bn->weight, bn->bias, bn->running_mean, bn->running_var, bn->num_batches_tracked};
   out.training = bn->is_training();
+  out.dims = dims;
   return true;
 }
 
 inline bool batch_norm_parts(torch::nn::Module& m, BatchNormParts& out) {
-  return batch_norm_parts_as<torch::nn::BatchNorm1dImpl>(m, out) ||
-         batch_norm_parts_as<torch::nn::BatchNorm2dImpl>(m, out) ||
-         batch_norm_parts_as<torch::nn::BatchNorm3dImpl>(m, out);
+  return batch_norm_parts_as<torch::nn::BatchNorm1dImpl>(m, out, '1') ||
+         batch_norm_parts_as<torch::nn::BatchNorm2dImpl>(m, out, '2') ||
+         batch_norm_parts_as<torch::nn::BatchNorm3dImpl>(m, out, '3');
+}
+
+// "write dtrain::SyncBatchNorm2d where the model says torch::nn::BatchNorm2d", for each dimension
+// among `dims`.
+inline std::string drop_in_fix(const std::set<char>& dims) {
+  std::vector<std::string> pairs;
+  for (const char d : dims)
+    pairs.push_back(fmt::format("dtrain::SyncBatchNorm{0}d where it says torch::nn::BatchNorm{0}d",
+                                d));
+  return fmt::format("write {}", fmt::join(pairs, ", and "));
 }
 
 // Where a BatchNorm is registered: the parent and the child's name there.
@@ -153,31 +166,31 @@ inline std::size_t convert_sync_batchnorm(torch::nn::Module& module,
   detail::plan_replacements(module, "", plan, visited);
 
   std::vector<std::string> held_elsewhere;
+  std::set<char> dims;
   for (const auto& [ptr, entry] : plan) {
     const long outside = entry.batch_norm.use_count() - 1 - entry.known_references;
-    if (outside > 0)
-      held_elsewhere.push_back(fmt::format("'{}' ({} more reference{})", entry.path, outside,
-                                           outside == 1 ? "" : "s"));
+    if (outside <= 0) continue;
+    held_elsewhere.push_back(fmt::format("'{}' ({} more reference{})", entry.path, outside,
+                                         outside == 1 ? "" : "s"));
+    detail::batch_norm_parts(*entry.batch_norm, parts);
+    dims.insert(parts.dims);
   }
   if (!held_elsewhere.empty())
     throw InvalidArgumentError(fmt::format(
         "dtrain::convert_sync_batchnorm: BatchNorm module{} {} {} referenced from outside the "
         "module tree, typically by a member such as `torch::nn::BatchNorm2d bn;` that forward() "
         "calls, which libtorch cannot redirect to a new module: replacing only the registry would "
-        "leave forward() using unsynchronized batch norm. Hold these norms in a "
-        "torch::nn::Sequential, ModuleList or ModuleDict, or build the model with "
-        "dtrain::SyncBatchNorm; release any handle you keep to them. Nothing was replaced.",
+        "leave forward() using unsynchronized batch norm. Nothing was replaced. The fix: in the "
+        "model, {} (the member's type and its construction; it takes the same options and keeps "
+        "the parameter names), and do not convert. Or hold these norms in a "
+        "torch::nn::Sequential, ModuleList or ModuleDict; release any handle you keep to them.",
         held_elsewhere.size() == 1 ? "" : "s", fmt::join(held_elsewhere, ", "),
-        held_elsewhere.size() == 1 ? "is" : "are"));
+        held_elsewhere.size() == 1 ? "is" : "are", detail::drop_in_fix(dims)));
 
   for (auto& [ptr, entry] : plan) {
     detail::batch_norm_parts(*entry.batch_norm, parts);
     auto sync = std::make_shared<SyncBatchNormImpl>(
-        SyncBatchNormOptions(parts.options.num_features())
-            .eps(parts.options.eps())
-            .momentum(parts.options.momentum())
-            .affine(parts.options.affine())
-            .track_running_stats(parts.options.track_running_stats())
+        detail::sync_batch_norm_options(parts.options)
             .name(options.name_prefix + "." + entry.path),
         parts.state);
     sync->train(parts.training);

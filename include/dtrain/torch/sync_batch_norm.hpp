@@ -8,9 +8,11 @@
 //   auto y = bn(x);                           // training: two small allreduces per step
 //   bn->eval(); auto z = bn(x);               // the running statistics, no communication
 //
-// or convert an existing model's BatchNorm layers (torch/convert_sync_batchnorm.hpp). Its
-// parameters and buffers carry libtorch's names (weight, bias, running_mean, running_var,
-// num_batches_tracked), so state saved from a BatchNorm model loads into the converted one.
+// or convert an existing model's BatchNorm layers (torch/convert_sync_batchnorm.hpp), or, where a
+// model declares its norms as members (which no conversion can redirect), write
+// dtrain::SyncBatchNorm2d where it says torch::nn::BatchNorm2d (below). Its parameters and buffers
+// carry libtorch's names (weight, bias, running_mean, running_var, num_batches_tracked), so state
+// saved from a BatchNorm model loads into the synchronized one.
 //
 // Note [SyncBatchNorm op names]
 // Every rank must submit the same ops under the same names. A module's collectives are named
@@ -70,6 +72,15 @@ inline std::string generated_sync_batch_norm_name() {
   return fmt::format("sync_batch_norm.{}", constructed.fetch_add(1));
 }
 
+// The options of a libtorch BatchNorm of any dimension, as SyncBatchNormOptions (name generated).
+inline SyncBatchNormOptions sync_batch_norm_options(const torch::nn::BatchNormOptions& o) {
+  return SyncBatchNormOptions(o.num_features())
+      .eps(o.eps())
+      .momentum(o.momentum())
+      .affine(o.affine())
+      .track_running_stats(o.track_running_stats());
+}
+
 }  // namespace detail
 
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
@@ -80,6 +91,10 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   }
   explicit SyncBatchNormImpl(std::int64_t num_features)
       : SyncBatchNormImpl(SyncBatchNormOptions(num_features)) {}
+  // libtorch's BatchNorm options (BatchNorm1dOptions, BatchNorm2dOptions, BatchNorm3dOptions are
+  // all this type): what lets SyncBatchNorm2d stand where a model constructs a BatchNorm2d.
+  explicit SyncBatchNormImpl(const torch::nn::BatchNormOptions& options)
+      : SyncBatchNormImpl(detail::sync_batch_norm_options(options)) {}
   // Takes over `state`'s tensors; each must fit the options (undefined where they have none).
   SyncBatchNormImpl(SyncBatchNormOptions options, SyncBatchNormState state)
       : options(std::move(options)) {
@@ -250,5 +265,21 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
 };
 
 TORCH_MODULE(SyncBatchNorm);
+
+// Drop-ins for a model that declares its norms as members, the shape convert_sync_batchnorm must
+// refuse (Note [Replacing modules in libtorch]): replace libtorch's type by dtrain's where the
+// model declares the member and where it constructs it, and change nothing else:
+//
+//   torch::nn::BatchNorm2d bn{nullptr};   ->   dtrain::SyncBatchNorm2d bn{nullptr};
+//   bn = register_module("bn", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(64)));
+//     ->   bn = register_module("bn", dtrain::SyncBatchNorm2d(torch::nn::BatchNorm2dOptions(64)));
+//
+// They are SyncBatchNorm, under the names a model already uses: the same options (or a number of
+// features), forward, parameter and buffer names (a BatchNorm2d model's state loads), and
+// as<dtrain::SyncBatchNorm>() finds them. Like SyncBatchNorm they take inputs [N, C, *] of any
+// rank, where libtorch's check the rank (2 or 3 for 1d, 4 for 2d, 5 for 3d).
+using SyncBatchNorm1d = SyncBatchNorm;
+using SyncBatchNorm2d = SyncBatchNorm;
+using SyncBatchNorm3d = SyncBatchNorm;
 
 }  // namespace dtrain
