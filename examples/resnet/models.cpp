@@ -1,5 +1,7 @@
 #include "models.hpp"
 
+#include <dtrain/torch.hpp>
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -18,14 +20,17 @@ torch::nn::Conv2d conv1x1(std::int64_t in, std::int64_t out, std::int64_t stride
   return torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false));
 }
 
-// A Sequential of one module, so blocks hold either kind behind one type.
+// A Sequential of one module, so blocks hold any kind behind one type.
 torch::nn::Sequential norm_layer(std::int64_t channels, Norm norm) {
   if (norm == Norm::group) {
     const auto groups = std::max<std::int64_t>(1, channels / 8);
     return torch::nn::Sequential(
         torch::nn::GroupNorm(torch::nn::GroupNormOptions(groups, channels)));
   }
-  return torch::nn::Sequential(torch::nn::BatchNorm2d(channels));
+  const auto options = torch::nn::BatchNorm2dOptions(channels);
+  // dtrain: synchronized batch norm is the same line with dtrain's type.
+  if (norm == Norm::sync_batch) return torch::nn::Sequential(dtrain::SyncBatchNorm2d(options));
+  return torch::nn::Sequential(torch::nn::BatchNorm2d(options));
 }
 
 torch::nn::Sequential projection(std::int64_t in, std::int64_t out, std::int64_t stride,

@@ -37,6 +37,11 @@ enum class Norm {
   // Group norm (Wu & He 2018), 8 channels per group. Per-sample statistics: the result does not
   // depend on how the global batch is split across ranks, and small per-rank batches work.
   group,
+  // Batch norm with the statistics of every rank's batch: N ranks with batch b normalize as one
+  // process with batch N*b. dtrain::SyncBatchNorm2d built where batch norm builds
+  // torch::nn::BatchNorm2d, with the same options; the parameter names stay, so checkpoints load
+  // into either model.
+  sync_batch,
 };
 
 struct ModelOptions {

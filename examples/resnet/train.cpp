@@ -321,14 +321,19 @@ int run(const TrainOptions& options) {
                                      data.test.labels.narrow(0, 0, options.eval_samples)}
                            : data.test;
 
-  const auto norm = options.norm == "group" ? resnet::Norm::group : resnet::Norm::batch;
+  // dtrain: --sync-bn: every batch norm takes its statistics from all ranks' batches together,
+  // built as dtrain::SyncBatchNorm2d where plain batch norm builds torch::nn::BatchNorm2d.
+  const auto norm = options.norm == "group" ? resnet::Norm::group
+                    : options.sync_bn       ? resnet::Norm::sync_batch
+                                            : resnet::Norm::batch;
   const auto stem = resnet::choose_stem(options.model, options.stem, data.train.images.size(3));
   const auto model = resnet::make_model(options.model, {.in_channels = data.channels(),
                                                         .num_classes = data.num_classes(),
                                                         .small_input_stem = stem.small_input_stem,
                                                         .norm = norm});
-  // dtrain: --sync-bn: every batch norm takes its statistics from all ranks' batches together.
-  const auto synchronized_norms = options.sync_bn ? dtrain::convert_sync_batchnorm(*model) : 0;
+  std::int64_t synchronized_norms = 0;
+  for (const auto& module : model->modules(/*include_self=*/false))
+    synchronized_norms += module->as<dtrain::SyncBatchNorm>() != nullptr ? 1 : 0;
   dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
   model->to(device);
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
