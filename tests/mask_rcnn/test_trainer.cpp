@@ -102,9 +102,13 @@ TEST_CASE("trainer smoke: 2 ranks train, losses fall, evaluation files are writt
   CHECK(read_file(out / "predictions.png").substr(1, 3) == "PNG");
 
   // The profiler saw every step of every rank, each with the five phases of the training loop.
+  // In the run's own folder inside the profile folder (Note [Profile layout]).
+  std::vector<fs::path> runs;
+  for (const auto& e : fs::directory_iterator(profile.path())) runs.push_back(e.path());
+  REQUIRE(runs.size() == 1);
   for (const char* rank_file : {"rank-0.jsonl", "rank-1.jsonl"}) {
     CAPTURE(rank_file);
-    std::istringstream in(read_file(profile / rank_file));
+    std::istringstream in(read_file(runs.front() / rank_file));
     int steps = 0;
     for (std::string line; std::getline(in, line);) {
       if (!contains(line, "\"type\":\"step\"")) continue;

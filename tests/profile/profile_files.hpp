@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "support/world.hpp"
@@ -33,8 +34,18 @@ inline void remove_dir(const std::filesystem::path& dir) {
   if (dtrain_test_support::world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
+// A rank's file of the one run profiled into `dir`, in the run's own folder (Note [Profile
+// layout]): <dir>/<run-id>/ or <dir>/<job-id>/attempt-<n>/.
 inline std::filesystem::path rank_file(const std::filesystem::path& dir, int rank) {
-  return dir / ("rank-" + std::to_string(rank) + ".jsonl");
+  const std::string name = "rank-" + std::to_string(rank) + ".jsonl";
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec))
+    if (it->path().filename() == name) found.push_back(it->path());
+  REQUIRE_MESSAGE(found.size() == 1, "expected one " << name << " under " << dir << ", found "
+                                                     << found.size());
+  return found.front();
 }
 
 inline std::vector<json> read_records(const std::filesystem::path& file) {

@@ -44,6 +44,13 @@ def check(ok: bool, what: str):
         print(f"FAIL: {what}", file=sys.stderr)
 
 
+def run_folder(profile: Path) -> Path:
+    """The one run's folder in the profile folder (Note [Profile layout]): <profile>/<run-id>/."""
+    runs = sorted(profile.iterdir()) if profile.is_dir() else []
+    check(len(runs) == 1 and runs[0].is_dir(), f"not one run folder in {profile}: {runs}")
+    return runs[0] if runs else profile
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--mpiexec", required=True)
@@ -76,8 +83,9 @@ def main() -> int:
     gradient_bytes = (2 * HIDDEN + HIDDEN + 3 * HIDDEN + 3) * 4  # w1, b1, w2, b2 in float32
     updates = EPOCHS * steps_per_epoch
     epoch_ends = {(e + 1) * steps_per_epoch - 1 for e in range(EPOCHS - 1)}
+    run = run_folder(profile)
     for r in range(RANKS):
-        records = [json.loads(line) for line in (profile / f"rank-{r}.jsonl").read_text()
+        records = [json.loads(line) for line in (run / f"rank-{r}.jsonl").read_text()
                    .splitlines() if line.strip()]
         steps = [x for x in records if x["type"] == "step"]
         check([s["step"] for s in steps] == list(range(updates - 1)),
@@ -129,7 +137,7 @@ def main() -> int:
           f"{reported.returncode}")
     check("note: the job did not end cleanly" in text and "rank 1 at step" in text,
           "the report on the killed job does not say that rank 1 did not end cleanly")
-    steps = [json.loads(line)["step"] for line in (killed / "rank-1.jsonl").read_text()
+    steps = [json.loads(line)["step"] for line in (run_folder(killed) / "rank-1.jsonl").read_text()
              .splitlines() if '"type":"step"' in line.replace(" ", "")]
     check(bool(steps) and max(steps) <= KILLED_AFTER_STEP,
           f"the killed rank recorded steps up to {max(steps, default=None)}, past the step it "

@@ -72,11 +72,17 @@ def main() -> int:
     if job.returncode != 0:
         print(f"FAIL: the job exited with {job.returncode}", file=sys.stderr)
         return 1
-    check(sorted(f.name for f in profile.iterdir()) ==
+    # One folder for the run (Note [Profile layout]), named by its run id, with a file per rank.
+    runs = sorted(profile.iterdir())
+    check(len(runs) == 1 and runs[0].is_dir(), f"not one run folder in {profile}: {runs}")
+    run_folder = runs[0]
+    check(sorted(f.name for f in run_folder.iterdir()) ==
           sorted(f"rank-{r}.jsonl" for r in range(a.ranks)), "not one profile file per rank")
     for r in range(a.ranks):
-        records = [json.loads(x) for x in (profile / f"rank-{r}.jsonl").read_text().splitlines()
-                   if x.strip()]
+        records = [json.loads(x) for x in (run_folder / f"rank-{r}.jsonl").read_text()
+                   .splitlines() if x.strip()]
+        check(records[0]["run_id"] == run_folder.name, f"rank {r}: run id "
+              f"{records[0]['run_id']} in folder {run_folder.name}")
         steps = [x["step"] for x in records if x["type"] == "step"]
         check(steps == list(range(UPDATES - 1)),
               f"rank {r}: steps {steps[:5]}... ({len(steps)}), expected 0-{UPDATES - 2}")

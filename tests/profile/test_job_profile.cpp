@@ -136,11 +136,18 @@ TEST_CASE("a Profiler attaches to the job's profile; its phases refine the impli
   }
   dtrain::shutdown();  // destroying the Profilers left the profile open until here
 
-  std::set<std::string> files;
-  for (const auto& f : std::filesystem::directory_iterator(dir)) files.insert(f.path().filename());
+  // One run's folder (Note [Profile layout]) and in it the ranks' files: no second file, no
+  // other folder.
+  const auto run = rank_file(dir, rank).parent_path();
+  std::set<std::string> entries, files;
+  for (const auto& f : std::filesystem::directory_iterator(dir))
+    entries.insert(f.path().filename());
+  for (const auto& f : std::filesystem::directory_iterator(run))
+    files.insert(f.path().filename());
+  CHECK(entries == std::set<std::string>{run.filename()});
   std::set<std::string> expected;
   for (int r = 0; r < size; ++r) expected.insert(rank_file(dir, r).filename());
-  CHECK(files == expected);  // no second file, no other folder
+  CHECK(files == expected);
   const auto records = read_records(rank_file(dir, rank));
   CHECK(records.back().at("type") == "end");
   CHECK(of_type(records, "header").size() == 1);

@@ -26,6 +26,7 @@ using dtrain_test_support::world_size;
 using profile_test::busy_for;
 using profile_test::fresh_dir;
 using profile_test::of_type;
+using profile_test::rank_file;
 using profile_test::read_records;
 using profile_test::remove_dir;
 
@@ -51,7 +52,10 @@ TEST_CASE("every rank writes a file: header, steps with phases and engine counts
     dtrain::Profiler profiler(options);
     CHECK(profiler.enabled());
     CHECK(profiler.recording());
-    CHECK(profiler.path() == (dir / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl")).string());
+    // In the run's own folder (Note [Profile layout]), named by the run id checked below.
+    const std::filesystem::path path = profiler.path();
+    CHECK(path.filename() == "rank-" + std::to_string(dtrain::rank()) + ".jsonl");
+    CHECK(path.parent_path().parent_path() == dir);
     for (int s = 0; s < 5; ++s) {
       auto step = profiler.step(32);
       {
@@ -81,7 +85,8 @@ TEST_CASE("every rank writes a file: header, steps with phases and engine counts
   std::string run_id;
   for (int r = 0; r < n; ++r) {
     CAPTURE(r);
-    const auto records = read_records(dir / ("rank-" + std::to_string(r) + ".jsonl"));
+    const auto file = rank_file(dir, r);
+    const auto records = read_records(file);
     REQUIRE(records.size() >= 4);
     const json& h = records.front();
     CHECK(h.at("type") == "header");
@@ -94,6 +99,9 @@ TEST_CASE("every rank writes a file: header, steps with phases and engine counts
     if (r == 0) run_id = h.at("run_id").get<std::string>();
     CHECK(!run_id.empty());
     CHECK(h.at("run_id") == run_id);  // one run, the same id in every file
+    CHECK(file.parent_path().filename() == run_id);  // and its folder's name
+    CHECK(!h.contains("job_id"));  // not started by dtrainrun
+    CHECK(!h.contains("attempt"));
     CHECK(records[1].at("type") == "start");
     CHECK(records.back().at("type") == "end");
 
@@ -138,7 +146,7 @@ TEST_CASE("a profile closed within half a period keeps the engine's counts in a 
     dtrain::Profiler profiler(options);
     for (int s = 0; s < 3; ++s) dtrain::allreduce(grad, {.op = dtrain::ReduceOp::Sum});
   }
-  const auto records = read_records(dir / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl"));
+  const auto records = read_records(rank_file(dir, dtrain::rank()));
   const auto samples = of_type(records, "sample");
   CHECK(samples.size() == 1);
   if (samples.size() == 1) {  // no REQUIRE: every rank must reach remove_dir's barrier
@@ -175,7 +183,7 @@ TEST_CASE("start and stop record a chosen range of steps; the counter counts eve
     CHECK(profiler.steps() == 6);
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  const auto records = read_records(dir / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl"));
+  const auto records = read_records(rank_file(dir, dtrain::rank()));
   std::vector<std::string> shape;
   for (const json& r : records) {
     const std::string type = r.at("type").get<std::string>();
@@ -221,7 +229,7 @@ TEST_CASE("without dtrain::init a profiler records one process, and refuses in a
                                  std::to_string(world_size()) + " processes";
     CHECK_THROWS_WITH_AS(dtrain::Profiler{options}, doctest::Contains(expected.c_str()),
                          dtrain::InvalidArgumentError);
-    CHECK(!std::filesystem::exists(dir / "rank-0.jsonl"));
+    CHECK(!std::filesystem::exists(dir));  // nothing created
     remove_dir(dir.parent_path());
     return;
   }
@@ -229,10 +237,10 @@ TEST_CASE("without dtrain::init a profiler records one process, and refuses in a
     dtrain::ProfilerOptions options;
     options.dir = dir.string();
     dtrain::Profiler profiler(options);
-    CHECK(profiler.path() == (dir / "rank-0.jsonl").string());
+    CHECK(std::filesystem::path(profiler.path()).parent_path().parent_path() == dir);
     auto s = profiler.step();
   }
-  const auto records = read_records(dir / "rank-0.jsonl");
+  const auto records = read_records(rank_file(dir, 0));
   CHECK(records.front().at("size") == 1);
   const auto steps = of_type(records, "step");
   REQUIRE(steps.size() == 1);

@@ -15,13 +15,14 @@ TEST_CASE("on") {
   const char* dir = std::getenv("DTRAIN_PROFILE");
   REQUIRE(dir);
   dtrain::init();  // opens the job's profile (Note [Zero-code profiling])
-  const auto file =
-      std::filesystem::path(dir) / ("rank-" + std::to_string(dtrain::rank()) + ".jsonl");
+  std::filesystem::path file;
   {
     dtrain::Profiler profiler;
     CHECK(profiler.enabled());
     CHECK(profiler.attached());
-    CHECK(profiler.path() == file.string());
+    file = profiler.path();  // the job's file, in the run's folder (Note [Profile layout])
+    CHECK(file.filename() == "rank-" + std::to_string(dtrain::rank()) + ".jsonl");
+    CHECK(file.parent_path().parent_path() == std::filesystem::path(dir));
     auto step = profiler.step();
   }
   dtrain::shutdown();
@@ -32,6 +33,7 @@ TEST_CASE("on") {
     if (line.find_first_not_of(' ') != std::string::npos) last = line;
   const auto header = nlohmann::json::parse(first);
   CHECK(header.at("sample_interval_ms") == 200);
+  CHECK(header.at("run_id") == file.parent_path().filename().string());
   CHECK(nlohmann::json::parse(last).at("type") == "end");  // closed by shutdown()
 }
 

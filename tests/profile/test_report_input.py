@@ -118,7 +118,12 @@ class Input(InTempDir):
         run = load_run([folder])
         self.assertEqual(run.run_id, "new")
         self.assertEqual(sorted(run.ranks), [0, 1])
-        self.assertEqual(sum("from another run (run id old)" in s for s in run.skipped), 3)
+        self.assertEqual([(r.run_id, len(r.files)) for r in run.other_runs], [("old", 3)])
+        self.assertEqual(run.skipped, [])  # another run is no damage: a note says it was not read
+        code, out, err = run_cli(folder, "-o", self.tmp / "r.html")
+        self.assertIn("note: the input holds 2 runs, which are never merged: this report is of "
+                      "run new, the newest. Not read: old: 3 of 3 rank(s), in the folder given,",
+                      " ".join(out.split()))
 
     def test_non_finite_numbers_and_junk_header_fields_are_left_out(self):
         folder = self.run_folder(ranks=2)

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <string>
@@ -590,7 +591,12 @@ TEST_CASE("under DTRAIN_PROFILE each update ends a step whose wait on the hooks'
     }
   }
   dtrain::shutdown();
-  std::ifstream in(dir / fmt::format("rank-{}.jsonl", world_rank()));
+  // The rank's file, in the run's own folder inside the profile folder (Note [Profile layout]).
+  std::filesystem::path file;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path()))
+    if (e.path().filename() == fmt::format("rank-{}.jsonl", world_rank())) file = e.path();
+  REQUIRE(!file.empty());
+  std::ifstream in(file);
   // Every parameter's gradient, aux's too (zeros: unused), in float32.
   const std::string gradient_bytes = fmt::format(
       "\"bytes_reduced\":{},", 4 * ((kIn + 1) * kHidden + 2 * (kHidden + 1) * kOut));

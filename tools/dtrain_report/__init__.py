@@ -3,6 +3,8 @@ with charts and rule findings. Python 3 standard library only, so it runs wherev
 ran, without a network or packages to install.
 
 Modules, in the order data flows through them:
+  run_files       finds the files and chooses the run when a folder holds several (Note
+                  [Profile layout] in include/dtrain/profile/run_folder.hpp)
   profile_reader  reads and validates the JSON Lines files (the schema: Note [Profile schema]
                   in include/dtrain/profile/records.hpp) and says what it skipped
   analysis        per-rank and per-step figures the rules and charts share

@@ -337,11 +337,25 @@ def analyze(run: Run, thresholds: dict[str, float]) -> Analysis:
     return a
 
 
+def other_runs_notice(run: Run, most: int = 6) -> str:
+    """Which run the report read, and the others it found (Note [Profile layout])."""
+    others = list(reversed(run.other_runs))  # newest first
+    shown = "; ".join(r.describe() for r in others[:most])
+    more = f"; and {len(others) - most} more" if len(others) > most else ""
+    return (f"the input holds {len(others) + 1} runs, which are never merged: this report is of "
+            f"run {run.title}, {run.chosen}. Not read: {shown}{more}. Choose another with "
+            f"--run ID (a run id, a job id or a run's folder) or --attempt N; --list-runs lists "
+            f"them")
+
+
 def notices(a: Analysis) -> list[str]:
-    """What a reader must know before trusting the rest: a job that did not end cleanly, a
-    profile without steps, steps that mark only their communication wait."""
+    """What a reader must know before trusting the rest: which of several runs it reads, a job
+    that did not end cleanly, a profile without steps, steps that mark only their communication
+    wait."""
     out = []
     run = a.run
+    if run.other_runs:
+        out.append(other_runs_notice(run))
     if run.unclosed:
         last = [f"rank {r} at step {run.ranks[r].steps[-1].index}" if run.ranks[r].steps
                 else f"rank {r} before any step" for r in run.unclosed]

@@ -11,7 +11,7 @@ from pathlib import Path
 from . import thresholds as threshold_config
 from .analysis import analyze, notices
 from .html_report import render, summary_line
-from .profile_reader import ProfileError, load_run
+from .profile_reader import ProfileError, list_runs, load_run
 from .rules import FIRED, NOT_EVALUATED, QUIET, SUMMARY, evaluate
 
 DESCRIPTION = """\
@@ -26,7 +26,16 @@ def _parser() -> argparse.ArgumentParser:
         epilog="thresholds (NAME default meaning):\n"
                + textwrap.indent(threshold_config.describe(), "  "))
     p.add_argument("paths", nargs="*", type=Path, metavar="PATH",
-                   help="the profile folder (or rank-<r>.jsonl files in it)")
+                   help="the profile folder (or a run's folder in it, or rank-<r>.jsonl files)")
+    p.add_argument("--run", metavar="ID",
+                   help="the run to report when the folder holds several (default: the newest): "
+                        "a run id, a dtrainrun job id (its newest attempt), or a run's folder "
+                        "such as JOB/attempt-1")
+    p.add_argument("--attempt", type=int, metavar="N",
+                   help="attempt N of a dtrainrun job (the job of --run, or of the newest run): "
+                        "0 is the first world, each restart or resize one more")
+    p.add_argument("--list-runs", action="store_true",
+                   help="list the runs found (newest first) and exit")
     p.add_argument("-o", "--output", type=Path, default=Path("report.html"),
                    help="the HTML file to write (default: report.html)")
     p.add_argument("--threshold", action="append", default=[], metavar="NAME=VALUE",
@@ -56,8 +65,19 @@ def main(argv: list[str] | None = None) -> int:
     except threshold_config.ThresholdError as e:
         print(f"dtrain-report: {e}", file=sys.stderr)
         return 2
+    if args.attempt is not None and args.attempt < 0:
+        _parser().error(f"--attempt {args.attempt}: attempts count from 0")
+    if args.list_runs:
+        try:
+            runs = list_runs(args.paths)
+        except ProfileError as e:
+            print(f"dtrain-report: {e}", file=sys.stderr)
+            return 1
+        for r in reversed(runs):
+            print(r.describe())
+        return 0
     try:
-        run = load_run(args.paths)
+        run = load_run(args.paths, args.run, args.attempt)
     except ProfileError as e:
         print(f"dtrain-report: {e}", file=sys.stderr)
         return 1

@@ -240,7 +240,7 @@ def summary_line(a: Analysis) -> str:
     span = f"steps {steps[0]}-{steps[-1]} ({len(steps)} recorded)" if steps else "no steps"
     hosts = len(run.hosts)
     return (f"{len(run.ranks)} of {run.size} rank(s) on {hosts} host(s), {span}, "
-            f"run {run.run_id}")
+            f"run {run.title}")
 
 
 def render(a: Analysis, findings: list[Finding]) -> str:
@@ -297,7 +297,7 @@ def render(a: Analysis, findings: list[Finding]) -> str:
         f"<h2 id=\"engine\">Engine counters{' per step' if a.has_engine else ''}</h2>",
         _engine_table(a),
         "<h2 id=\"input\">Input</h2>",
-        "<p>Read: " + esc(", ".join(run.ranks[r].path.name for r in sorted(run.ranks))) + "</p>",
+        "<p>Read: " + esc(", ".join(run.ranks[r].name for r in sorted(run.ranks))) + "</p>",
     ]
     if run.skipped:
         parts.append("<p>Skipped or incomplete:</p><ul class=\"skipped\">"

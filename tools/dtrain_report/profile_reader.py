@@ -2,8 +2,9 @@
 
 Every problem with the input is either fatal (nothing usable: ProfileError, with a message that
 says what to do) or recorded in Run.skipped, which the report prints: a foreign or newer file, a
-line that is not JSON, a truncated last line, a file from another run, a duplicate or missing
-rank. The schema is Note [Profile schema] in include/dtrain/profile/records.hpp.
+file that is not a regular one, a line that is not JSON, a truncated last line, a duplicate or
+missing rank. Other runs in the folder are listed in Run.other_runs (run_files.py chooses the
+run). The schema is Note [Profile schema] in include/dtrain/profile/records.hpp.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import SUPPORTED_FORMAT_VERSION
+from .run_files import NotRegular, ProfileFile, RunFiles, choose_run, find_files, group_runs, \
+    not_regular_note, read_regular
 
 PROFILE_FORMAT = "dtrain-profile"
 
@@ -46,6 +49,7 @@ class Step:
 class RankProfile:
     path: Path
     header: dict
+    label: str = ""  # how messages name the file: relative to the folder given
     steps: list[Step] = field(default_factory=list)
     samples: list[dict] = field(default_factory=list)
     closed: bool = False  # the file ends with an "end" record
@@ -70,6 +74,10 @@ class RankProfile:
         return str(self.header.get("run_id", ""))
 
     @property
+    def name(self) -> str:
+        return self.label or self.path.name
+
+    @property
     def cpu_count(self) -> int:
         return int(self.header.get("cpu_count") or 0)
 
@@ -92,6 +100,18 @@ class Run:
     run_id: str
     source: str
     skipped: list[str] = field(default_factory=list)
+    job_id: str | None = None  # DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT, under dtrainrun
+    attempt: int | None = None
+    other_runs: list[RunFiles] = field(default_factory=list)  # found and not read, oldest first
+    chosen: str = ""  # why this run: "the newest", "chosen with --run ID", ...
+
+    @property
+    def title(self) -> str:
+        """The run id, with its job and attempt under dtrainrun."""
+        if self.job_id is None:
+            return self.run_id
+        attempt = f", attempt {self.attempt}" if self.attempt is not None else ""
+        return f"{self.run_id} (job {self.job_id}{attempt})"
 
     @property
     def hosts(self) -> dict[str, list[int]]:
@@ -186,9 +206,15 @@ def _read_header(path: Path, first_line: str) -> tuple[dict | None, str]:
     elif gpu is not None:
         del h["gpu"]
         dropped.append("gpu")
-    for k in ("host", "run_id", "dtrain_version"):
+    for k in ("host", "run_id", "dtrain_version", "job_id"):
         if k in h:
             h[k] = str(h[k])
+    if "attempt" in h and not (_is_number(h["attempt"]) and h["attempt"] >= 0
+                               and h["attempt"] == int(h["attempt"])):
+        del h["attempt"]
+        dropped.append("attempt")
+    elif "attempt" in h:
+        h["attempt"] = int(h["attempt"])
     return h, ("; ".join(f"header field {k} is not valid and was ignored" for k in dropped))
 
 
@@ -223,16 +249,48 @@ def _shown(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
-    """One rank's file; None (with the reason in `skipped`) when it is not usable at all."""
+def _read_bytes(path: Path, label: str, skipped: list[str], first_line: bool = False) -> \
+        bytes | None:
     try:
-        data = path.read_bytes()
+        return read_regular(path, first_line=first_line)
+    except NotRegular as e:
+        skipped.append(not_regular_note(label, str(e)))
     except OSError as e:
-        skipped.append(f"{path.name}: cannot be read ({e.strerror or e})")
+        skipped.append(f"{label}: cannot be read ({e.strerror or e})")
+    return None
+
+
+def read_header(path: Path, skipped: list[str], label: str = "") -> dict | None:
+    """A file's header alone, read from its first line; None (with the reason in `skipped`, as
+    read_rank_file words it) when the file is no profile this report reads."""
+    label = label or path.name
+    data = _read_bytes(path, label, skipped, first_line=True)
+    if data is None:
+        return None
+    first = data.decode("utf-8", errors="replace")
+    if not first.strip():  # blank first line: empty, or not a profile; the whole file tells
+        data = _read_bytes(path, label, skipped)
+        if data is None:
+            return None
+        if not data.decode("utf-8", errors="replace").strip():
+            skipped.append(f"{label}: empty (the profiler was started but wrote nothing)")
+            return None
+    header, why = _read_header(path, first.split("\n")[0])
+    if header is None:
+        skipped.append(f"{label}: {why}")
+    return header
+
+
+def read_rank_file(path: Path, skipped: list[str], label: str = "") -> RankProfile | None:
+    """One rank's file; None (with the reason in `skipped`) when it is not usable at all. Messages
+    name the file by `label` (default: its name)."""
+    label = label or path.name
+    data = _read_bytes(path, label, skipped)
+    if data is None:
         return None
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
-        skipped.append(f"{path.name}: empty (the profiler was started but wrote nothing)")
+        skipped.append(f"{label}: empty (the profiler was started but wrote nothing)")
         return None
     lines = text.split("\n")
     truncated_tail = lines[-1] != ""  # the last line has no newline: cut short mid-line
@@ -240,11 +298,11 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
         lines.pop()
     header, why = _read_header(path, lines[0])
     if header is None:
-        skipped.append(f"{path.name}: {why}")
+        skipped.append(f"{label}: {why}")
         return None
     if why:
-        skipped.append(f"{path.name}: {why}")
-    profile = RankProfile(path=path, header=header)
+        skipped.append(f"{label}: {why}")
+    profile = RankProfile(path=path, header=header, label=label)
     bad: list[tuple[int, str]] = []  # (line number, what is wrong with it)
     unknown = 0
     for number, line in enumerate(lines[1:], start=2):
@@ -255,7 +313,7 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
             record = json.loads(line)
         except (json.JSONDecodeError, RecursionError) as e:
             if last and truncated_tail:
-                skipped.append(f"{path.name}: its last line (line {number}) is cut short, as when "
+                skipped.append(f"{label}: its last line (line {number}) is cut short, as when "
                                f"a process dies while writing; the line was left out")
             else:
                 bad.append((number, f"not JSON ({e.msg if hasattr(e, 'msg') else e})"))
@@ -296,84 +354,93 @@ def read_rank_file(path: Path, skipped: list[str]) -> RankProfile | None:
         shown = "; ".join(f"line {n}: {why}" for n, why in bad[:3])
         more = f"; and {len(bad) - 3} more (lines {number_ranges(n for n, _ in bad[3:])})" \
             if len(bad) > 3 else ""
-        skipped.append(f"{path.name}: {len(bad)} line(s) that are not valid profile records "
+        skipped.append(f"{label}: {len(bad)} line(s) that are not valid profile records "
                        f"were left out ({shown}{more})")
     if unknown:
-        skipped.append(f"{path.name}: {unknown} record(s) of a type this report does not know "
+        skipped.append(f"{label}: {unknown} record(s) of a type this report does not know "
                        f"were ignored")
     profile.steps.sort(key=lambda s: s.index)
     profile.samples.sort(key=lambda s: s["t"])
     if not profile.closed:
         last_step = profile.steps[-1].index if profile.steps else None
-        skipped.append(f"{path.name}: rank {profile.rank}'s profile has no end record: the process "
+        skipped.append(f"{label}: rank {profile.rank}'s profile has no end record: the process "
                        f"stopped without closing its profile (crashed or killed?)"
                        + (f"; its last recorded step is {last_step}" if last_step is not None
                           else "; it recorded no step"))
     return profile
 
 
-def profile_files(paths: list[Path]) -> list[Path]:
-    """The files to read: each folder's *.jsonl files, and files given by name."""
-    files: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found = sorted(p.glob("*.jsonl"))
-            if not found:
-                raise ProfileError(
-                    f"no profile files (*.jsonl) in '{p}': run the training with "
-                    f"DTRAIN_PROFILE={p} (or ProfilerOptions::dir) so that every rank writes "
-                    f"rank-<r>.jsonl there")
-            files.extend(found)
-        elif p.is_file():
-            files.append(p)
+def _fail(message: str):
+    raise ProfileError(message)
+
+
+def _headers(paths: list[Path], notes: dict[str, list[str]]) -> list[tuple[ProfileFile, dict]]:
+    """Every file with a usable header; the others' reasons in `notes`, by file."""
+    out = []
+    for f in find_files(paths, notes, _fail):
+        why: list[str] = []
+        header = read_header(f.path, why, f.label)
+        if header is None:
+            notes.setdefault(f.label, []).extend(why)
         else:
-            raise ProfileError(f"'{p}' does not exist: name the folder given to DTRAIN_PROFILE, "
-                               f"or profile files in it")
-    return files
+            out.append((f, header))
+    return out
 
 
-def load_run(paths: list[Path]) -> Run:
-    """All ranks of one run. The newest run wins when files from several runs are given."""
-    skipped: list[str] = []
+def list_runs(paths: list[Path]) -> list[RunFiles]:
+    """The runs in the folders (and files) given, oldest first, read from their headers only."""
+    runs = group_runs(_headers(paths, {}))
+    if not runs:
+        raise ProfileError("no readable profile in " + ", ".join(str(p) for p in paths))
+    return runs
+
+
+def load_run(paths: list[Path], run: str | None = None, attempt: int | None = None) -> Run:
+    """All ranks of one run: the newest when the files hold several, or the one `run` (a run id,
+    a job id or a run's folder) and `attempt` name. The other runs are listed, not read."""
+    notes: dict[str, list[str]] = {}  # by file, so that they come out in the files' order
+    headers = _headers(paths, notes)
+    source = ", ".join(str(p) for p in paths)
+    if not headers:
+        raise ProfileError("nothing to report from " + source + ": "
+                           + "; ".join([n for ns in notes.values() for n in ns]
+                                       or ["no readable profile"]))
+    runs = group_runs(headers)
+    chosen, how = choose_run(runs, run, attempt, _fail)
     # The records are millions of small objects without cycles: the garbage collector's passes
     # over them as they pile up would cost a third of the reading and find nothing.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        profiles = [p for p in (read_rank_file(f, skipped) for f in profile_files(paths)) if p]
+        profiles = []
+        for f, _ in chosen.files:
+            profile = read_rank_file(f.path, notes.setdefault(f.label, []), f.label)
+            if profile:
+                profiles.append(profile)
     finally:
         if collecting:
             gc.enable()
-    source = ", ".join(str(p) for p in paths)
+    skipped = [n for ns in notes.values() for n in ns]
     if not profiles:
         raise ProfileError("nothing to report from " + source + ": "
                            + "; ".join(skipped or ["no readable profile"]))
-    by_run: dict[str, list[RankProfile]] = {}
-    for p in profiles:
-        by_run.setdefault(p.run_id, []).append(p)
-    run_id = max(by_run, key=lambda r: max(float(p.header.get("start_unix_ms", 0))
-                                           for p in by_run[r]))
-    for other, members in by_run.items():
-        if other == run_id:
-            continue
-        for p in members:
-            skipped.append(f"{p.path.name}: from another run (run id {other or '?'}) than the "
-                           f"newest one ({run_id}); not merged")
     ranks: dict[int, RankProfile] = {}
-    for p in sorted(by_run[run_id], key=lambda p: str(p.path)):
+    for p in sorted(profiles, key=lambda p: str(p.path)):
         if p.rank in ranks:
-            skipped.append(f"{p.path.name}: a second file for rank {p.rank} "
-                           f"(after {ranks[p.rank].path.name}); not merged")
+            skipped.append(f"{p.name}: a second file for rank {p.rank} "
+                           f"(after {ranks[p.rank].name}); not merged")
             continue
         ranks[p.rank] = p
     size = max(p.size for p in ranks.values())
     for p in ranks.values():
         if p.size != size:
-            skipped.append(f"{p.path.name}: says the run had {p.size} ranks, others say {size}")
+            skipped.append(f"{p.name}: says the run had {p.size} ranks, others say {size}")
     missing = [r for r in range(size) if r not in ranks] if size - len(ranks) < 100000 else \
         []
     if size > len(ranks):
         shown = number_ranges(missing) if missing else f"{size - len(ranks)} ranks"
         skipped.append(f"no profile for rank(s) {shown} of {size}: the "
                        f"report covers the other ranks only")
-    return Run(ranks=ranks, size=size, run_id=run_id, source=source, skipped=skipped)
+    return Run(ranks=ranks, size=size, run_id=chosen.run_id, source=source, skipped=skipped,
+               job_id=chosen.job_id, attempt=chosen.attempt,
+               other_runs=[r for r in runs if r is not chosen], chosen=how)

@@ -1,8 +1,8 @@
 #pragma once
-// Opening a profile: checking its options, creating its folder and file, agreeing with the other
-// ranks on the run (Note [Profiler threading]), writing the header and starting the sampler. One
-// path for both openers: init() under DTRAIN_PROFILE and a Profiler built with no profile open.
-// Internal.
+// Opening a profile: checking its options, creating its folder, agreeing with the other ranks on
+// the run (Note [Profiler threading]), creating the run's folder and file (Note [Profile layout]),
+// writing the header and starting the sampler. One path for both openers: init() under
+// DTRAIN_PROFILE and a Profiler built with no profile open. Internal.
 #include <unistd.h>
 
 #include <chrono>
@@ -11,11 +11,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "dtrain/core/env.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/core/version.hpp"
@@ -23,6 +25,7 @@
 #include "dtrain/profile/proc_stats.hpp"
 #include "dtrain/profile/profiler_state.hpp"
 #include "dtrain/profile/run_agreement.hpp"
+#include "dtrain/profile/run_folder.hpp"
 
 namespace dtrain::detail {
 
@@ -31,8 +34,9 @@ struct ProfilePlace {
   bool distributed = false;  // dtrain runs (or is starting): the ranks agree
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
   std::string host_id;  // Config::host_id; empty: the host name
-  // Every rank's integers, in rank order. Collective; called once on every rank, also when
-  // profiling is off everywhere, so that a rank that is on alone is found.
+  // Every rank's integers, in rank order. Collective; called on every rank alike: once also when
+  // profiling is off everywhere, so that a rank that is on alone is found, and once more when it
+  // is on, to agree that every rank created its file.
   std::function<std::vector<std::int64_t>(const std::vector<std::int64_t>&)> allgather;
 };
 
@@ -57,22 +61,56 @@ inline std::shared_ptr<ProfilerState> open_recording(ProfilerOptions options, st
           "would write the same file. Build it after dtrain::init() (or a dtrain::Session), so "
           "that every rank writes its own",
           n);
+  JobIdentity job;
+  if (on && problem.empty()) problem = read_job_identity(ProcessEnv(), job);
   if (on && problem.empty()) problem = prepare_profile_dir(options.dir);
-  if (on && problem.empty()) {
+  const bool together = place.distributed && place.size > 1;
+  // Every rank learns every rank's outcome before anyone throws, so no rank waits forever.
+  const std::vector<std::int64_t> mine =
+      run_agreement_contribution(on, problem.empty(), job_fingerprint(job));
+  const RunAgreement agreed = run_agreement_from(together ? place.allgather(mine) : mine,
+                                                 place.rank);
+  if (!problem.empty()) throw InvalidArgumentError(problem);
+  agreed.throw_if_inconsistent(
+      options.dir, job.under_dtrainrun()
+                       ? fmt::format("{}=\"{}\" and {}={}", job_id_variable, job.job_id,
+                                     attempt_variable, job.attempt)
+                       : fmt::format("neither {} nor {}", job_id_variable, attempt_variable));
+  if (!on) return nullptr;
+
+  // The run's own folder (Note [Profile layout]), known only now that the ranks agreed on the run.
+  const std::filesystem::path folder = std::filesystem::path(options.dir) /
+                                       run_subfolder(agreed.run_id, job, profiles_opened_in(job));
+  const std::filesystem::path file = folder / profile_file_name(place.rank);
+  {
+    std::error_code ec;
+    std::filesystem::create_directories(folder, ec);
+    if (ec)
+      problem = fmt::format(
+          "dtrain: cannot create the run's profile folder '{}': {}; set DTRAIN_PROFILE (or "
+          "ProfilerOptions::dir) to a folder this process can write",
+          folder.string(), ec.message());
+  }
+  if (problem.empty()) {
     try {
-      state->writer = std::make_unique<RecordWriter>(
-          (std::filesystem::path(options.dir) / profile_file_name(place.rank)).string());
+      state->writer = std::make_unique<RecordWriter>(file.string(), /*exclusive=*/true);
     } catch (const InvalidArgumentError& e) {
       problem = e.what();
     }
   }
-  // Every rank learns every rank's outcome before anyone throws, so no rank waits forever.
-  const std::vector<std::int64_t> mine = run_agreement_contribution(on, problem.empty());
-  const RunAgreement agreed = run_agreement_from(
-      place.distributed && place.size > 1 ? place.allgather(mine) : mine, place.rank);
+  const std::vector<std::int64_t> opened = run_agreement_contribution(true, problem.empty());
+  const RunAgreement created = run_agreement_from(together ? place.allgather(opened) : opened,
+                                                  place.rank);
   if (!problem.empty()) throw InvalidArgumentError(problem);
-  agreed.throw_if_inconsistent(options.dir);
-  if (!on) return nullptr;
+  if (!created.failed_ranks.empty()) {
+    // No run without all its ranks: this rank's empty file goes too.
+    state->writer.reset();
+    std::error_code ec;
+    std::filesystem::remove(file, ec);
+    std::filesystem::remove(folder, ec);  // only when empty: other ranks' files stay theirs
+    created.throw_if_inconsistent(options.dir);
+  }
+  ++profiles_opened_in(job);
 
   state->options = std::move(options);
   state->origin = ProfilerState::Clock::now();
@@ -81,6 +119,8 @@ inline std::shared_ptr<ProfilerState> open_recording(ProfilerOptions options, st
                            place.local_rank);
   HeaderRecord h;
   h.run_id = agreed.run_id;
+  h.job_id = job.job_id;
+  if (job.under_dtrainrun()) h.attempt = job.attempt;
   h.rank = place.rank;
   h.size = place.size;
   h.local_rank = place.local_rank;
@@ -108,7 +148,7 @@ inline std::shared_ptr<ProfilerState> open_recording(ProfilerOptions options, st
                                                    state->options.sample_interval, state->origin);
   if (place.rank == 0)
     log(LogLevel::info, "profiling {} rank(s) into {}; report: dtrain-report {} -o report.html",
-        place.size, state->options.dir, state->options.dir);
+        place.size, folder.string(), state->options.dir);
   if (state->options.start_recording) start_recording(*state, 0);
   return state;
 }

@@ -13,8 +13,10 @@
 namespace dtrain {
 
 struct ProfilerOptions {
-  // Folder for the per-rank files (rank-<r>.jsonl); created if missing. Empty: profiling is off
-  // and every profiler call costs a branch.
+  // Folder for the profiles, created if missing: each run writes its per-rank files
+  // (rank-<r>.jsonl) into a folder of its own there, <run-id>/ or, under dtrainrun,
+  // <job-id>/attempt-<n>/ (Note [Profile layout]). Empty: profiling is off and every profiler
+  // call costs a branch.
   std::string dir;
   // How often the sampler thread reads CPU, memory, network, disk and GPU counters.
   std::chrono::milliseconds sample_interval{500};

@@ -82,7 +82,8 @@ class Profiler {
   DTRAIN_API bool recording() const noexcept;
   // Steps begun so far, recorded or not: the step counter.
   std::int64_t steps() const noexcept { return steps_; }
-  // This rank's profile file; empty when profiling is off.
+  // This rank's profile file (in the run's folder within the profile folder); empty when
+  // profiling is off.
   DTRAIN_API std::string path() const;
 
   // Begins (or resumes) recording: steps from the next one on, and system samples.

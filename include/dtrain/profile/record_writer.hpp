@@ -36,9 +36,17 @@ namespace dtrain::detail {
 
 class RecordWriter {
  public:
-  // Creates or truncates `path`. Throws InvalidArgumentError naming the file and the reason.
-  explicit RecordWriter(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Creates or truncates `path`; `exclusive`: creates it, and a file already there is an error
+  // (Note [Profile layout]). Throws InvalidArgumentError naming the file and the reason.
+  explicit RecordWriter(std::string path, bool exclusive = false) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(),
+                 O_WRONLY | O_CREAT | (exclusive ? O_EXCL : O_TRUNC) | O_CLOEXEC, 0644);
+    if (fd_ < 0 && errno == EEXIST)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: the profile file '{}' exists already: another run wrote it (two jobs with the "
+          "same DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT?), and it is not overwritten; profile into "
+          "another folder (DTRAIN_PROFILE or ProfilerOptions::dir) or move that run away",
+          path_));
     if (fd_ < 0)
       throw InvalidArgumentError(fmt::format(
           "dtrain: cannot write the profile file '{}': {}; set DTRAIN_PROFILE (or "

@@ -7,9 +7,11 @@
 // run's common start (agreed by all ranks when their Profilers were built), durations are
 // milliseconds, sizes bytes, rates per second, CPU percentages count one core as 100.
 //   header  first line: format "dtrain-profile", version, run_id (the same in every rank's
-//           file of one run), rank, size, local_rank, local_size, host, pid, cpu_count,
-//           affinity_cpus, sample_interval_ms, start_unix_ms, process_uptime_ms (how long the
-//           process had run at the run's time zero, when /proc tells), dtrain_version, gpu
+//           file of one run), job_id and attempt (DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT, only
+//           under dtrainrun: Note [Profile layout]), rank, size, local_rank, local_size, host,
+//           pid, cpu_count, affinity_cpus, sample_interval_ms, start_unix_ms,
+//           process_uptime_ms (how long the process had run at the run's time zero, when /proc
+//           tells), dtrain_version, gpu
 //           ({available, index, name, memory_total_bytes} or {available: false, reason}),
 //           engine_counters (the names recorded in each step's "engine" object)
 //   start   recording (re)started before step `step`
@@ -56,6 +58,8 @@ inline constexpr int profile_format_version = 1;
 
 struct HeaderRecord {
   std::string run_id;
+  std::string job_id;                   // DTRAINRUN_JOB_ID; empty outside dtrainrun
+  std::optional<std::int64_t> attempt;  // DTRAINRUN_ATTEMPT (Note [Profile layout])
   int rank = 0, size = 1, local_rank = 0, local_size = 1;
   std::string host;
   long pid = 0;
@@ -140,6 +144,8 @@ inline std::string to_json_line(const HeaderRecord& h) {
   JsonObject line;
   line.field("type", "header").field("format", "dtrain-profile");
   line.field("version", profile_format_version).field("run_id", h.run_id);
+  if (!h.job_id.empty()) line.field("job_id", h.job_id);
+  if (h.attempt) line.field("attempt", *h.attempt);
   line.field("rank", h.rank).field("size", h.size);
   line.field("local_rank", h.local_rank).field("local_size", h.local_size);
   line.field("host", h.host).field("pid", h.pid);

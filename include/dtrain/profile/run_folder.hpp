@@ -1,0 +1,122 @@
+#pragma once
+// Where a run's profile files go inside the profile folder, and the dtrainrun job and attempt a
+// run belongs to (Note [Profile layout]). Internal: profile/open_recording.hpp uses it.
+//
+// Note [Profile layout]
+// Several runs may share one profile folder: two jobs started with the same DTRAIN_PROFILE, or the
+// attempts of one job that dtrainrun started again after a failure or a resize. Each run writes
+// into a folder of its own, so that no run overwrites or interleaves another's files:
+//   <folder>/<run-id>/rank-<r>.jsonl               started without dtrainrun
+//   <folder>/<job-id>/attempt-<n>/rank-<r>.jsonl   started by dtrainrun
+// The run id is rank 0's start time and process id in hex, agreed by every rank (Note [Profiler
+// threading]), so run folders sort by start time. dtrainrun gives every rank DTRAINRUN_JOB_ID,
+// the same for every attempt of one invocation, and DTRAINRUN_ATTEMPT: 0 for the first world, one
+// more for each relaunch (a --restarts restart, an elastic restart or resize). A job's attempts
+// so sit side by side, and the attempt that crashed keeps its files when the next one starts.
+// A process that opens a second profile in one attempt (Profilers built one after another)
+// writes attempt-<n>.<k>, k counting from 1; every rank opens its profiles in the same order
+// (opening is collective), so every rank counts alike.
+// Files are created exclusively: one that exists already belongs to another run (a job given
+// another's DTRAINRUN_JOB_ID by hand) and is an error on every rank, never overwritten. The header
+// carries job_id and attempt, so dtrain-report groups a job's attempts wherever the files moved;
+// it also reads the layout before this one, rank files directly in the folder.
+#include <algorithm>
+#include <charconv>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+
+#include "dtrain/core/env.hpp"
+
+namespace dtrain::detail {
+
+inline constexpr std::string_view job_id_variable = "DTRAINRUN_JOB_ID";
+inline constexpr std::string_view attempt_variable = "DTRAINRUN_ATTEMPT";
+
+// The dtrainrun job a process belongs to; job_id empty: not started by dtrainrun.
+struct JobIdentity {
+  std::string job_id;
+  std::int64_t attempt = -1;
+
+  bool under_dtrainrun() const { return !job_id.empty(); }
+};
+
+// A job id names a folder: one path component of letters, digits, '.', '_' and '-', not hidden.
+inline bool valid_job_id(std::string_view id) {
+  if (id.empty() || id.size() > 128 || id.front() == '.') return false;
+  for (const char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Reads DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT into `job`; returns a problem, or an empty string.
+inline std::string read_job_identity(const EnvSource& env, JobIdentity& job) {
+  const auto id = env.get(std::string(job_id_variable));
+  const auto attempt = env.get(std::string(attempt_variable));
+  job = {};
+  if (!id && !attempt) return {};
+  const std::string fix =
+      fmt::format("dtrainrun sets both {} and {} for every rank; outside dtrainrun set neither",
+                  job_id_variable, attempt_variable);
+  if (!id || !attempt)
+    return fmt::format("dtrain: {} is set but {} is not, so the profile cannot name its run's "
+                       "folder; {}",
+                       id ? job_id_variable : attempt_variable,
+                       id ? attempt_variable : job_id_variable, fix);
+  if (!valid_job_id(*id))
+    return fmt::format(
+        "dtrain: {}=\"{}\" cannot name the profile's folder: expected 1 to 128 letters, digits, "
+        "'.', '_' or '-', not starting with '.'; {}",
+        job_id_variable, *id, fix);
+  std::int64_t n = -1;
+  const bool digits = !attempt->empty() && attempt->size() <= 9 &&
+                      std::all_of(attempt->begin(), attempt->end(),
+                                  [](char c) { return c >= '0' && c <= '9'; });
+  if (digits) std::from_chars(attempt->data(), attempt->data() + attempt->size(), n);
+  if (n < 0)
+    return fmt::format("dtrain: {}=\"{}\" is not an attempt number: expected 0 (the first world) "
+                       "or more; {}",
+                       attempt_variable, *attempt, fix);
+  job.job_id = *id;
+  job.attempt = n;
+  return {};
+}
+
+// The job's identity as one integer the ranks can compare in the agreement (FNV-1a, 64 bits);
+// 0 outside dtrainrun.
+inline std::int64_t job_fingerprint(const JobIdentity& job) {
+  if (!job.under_dtrainrun()) return 0;
+  std::uint64_t h = 14695981039346656037ull;
+  const std::string text = fmt::format("{}\n{}", job.job_id, job.attempt);
+  for (const unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(h | 1);  // never 0
+}
+
+// The run's folder relative to the profile folder. `sequence`: how many profiles this process
+// opened before this one.
+inline std::filesystem::path run_subfolder(const std::string& run_id, const JobIdentity& job,
+                                           std::int64_t sequence) {
+  if (!job.under_dtrainrun()) return run_id;
+  const std::string attempt = sequence > 0 ? fmt::format("attempt-{}.{}", job.attempt, sequence)
+                                           : fmt::format("attempt-{}", job.attempt);
+  return std::filesystem::path(job.job_id) / attempt;
+}
+
+// How many profiles this process opened so far in the job and attempt of `job`: the `sequence`
+// of the next one. Counts only profiles that opened on every rank.
+inline std::int64_t& profiles_opened_in(const JobIdentity& job) {
+  static std::map<std::int64_t, std::int64_t> counts;  // by job_fingerprint
+  return counts[job_fingerprint(job)];
+}
+
+}  // namespace dtrain::detail
