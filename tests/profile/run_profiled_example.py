@@ -26,9 +26,9 @@ CHARTS = ("chart-step-breakdown", "chart-step-timeline", "chart-comm-compute",
           "chart-comm-compute-steps", "chart-straggler-heatmap", "chart-straggler-scores",
           "chart-utilization")
 RULES = ("Low GPU utilization", "Data-loader bound", "Communication bound", "Straggler rank",
-         "Batch too small for the device", "CPU oversubscribed", "Step outliers",
-         "Initialization time", "GPU memory increase", "I/O bottleneck", "GPU load balancing",
-         "Overall system usage")
+         "Batch too small for the device", "CPU oversubscribed", "Engine busy-waiting",
+         "Step outliers", "Initialization time", "GPU memory increase", "I/O bottleneck",
+         "GPU load balancing", "Overall system usage")
 # The killed run: a wider model (slower steps) and more of them, so that the steps before the kill
 # have had time to reach the file (the profile writer flushes every 250 ms, not every step): the
 # kill comes after 1200 steps, at least half a second in even on a fast, idle machine (200 steps

@@ -36,15 +36,19 @@ def healthy_engine(rank: int, step: int, phases: dict) -> dict:
     return {"collectives": 2, "bytes_reduced": 4.6e7}
 
 
+HEALTHY_ENGINE_COUNTERS = ("collectives", "bytes_reduced")
+
+
 def write_run(folder: Path, ranks: int = 4, steps: int = 40, phases=healthy_phases,
               gpu=healthy_gpu, system=healthy_system, host=lambda rank: "node0",
               cpu_count: int = 16, jitter: float = 0.03, batch: int = 64, run_id: str = "run-1",
               seed: int = 7, closed: bool = True, engine=healthy_engine, gpu_index=lambda r: r,
               header=None, sample_engine=None, first_step_t: float = 0.01,
-              other=lambda rank, step: 1.0) -> Path:
+              other=lambda rank, step: 1.0, engine_counters=HEALTHY_ENGINE_COUNTERS) -> Path:
     """Writes rank-<r>.jsonl for every rank; `gpu` returning None (or gpu=None) means no GPU.
     `engine(rank, step, phases)` gives a step's engine counters, `sample_engine(rank, t)` a
-    sample's (None: none), `header(rank)` fields added to the header, `other(rank, step)` the
+    sample's (None: none), `engine_counters` the header's list of the counters the dtrain that
+    wrote it records, `header(rank)` fields added to the header, `other(rank, step)` the
     milliseconds of a step outside its phases."""
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -57,7 +61,7 @@ def write_run(folder: Path, ranks: int = 4, steps: int = 40, phases=healthy_phas
             "gpu": ({"available": True, "index": gpu_index(r), "name": "Test GPU",
                      "memory_total_bytes": GPU_MEMORY} if gpu is not None and gpu(r, 0.0)
                     else {"available": False, "reason": "NVML not loaded (test)"}),
-            "engine_counters": ["collectives", "bytes_reduced"]}]
+            "engine_counters": list(engine_counters)}]
         if header:
             lines[0].update(header(r))
         lines.append({"type": "start", "t": 0.0, "step": 0})

@@ -294,10 +294,33 @@ class CommandLine(InTempDir):
         code, _, _ = run_cli()
         self.assertEqual(code, 2)
 
+    def test_an_engine_that_polls_across_hosts_in_the_printout_the_page_and_its_tables(self):
+        def engine(rank, step, phases):
+            return {**synthetic.healthy_engine(rank, step, phases), "collective_ns": 30e6,
+                    "engine_cpu_ns": 29e6}
+        folder = self.run_folder(ranks=2, host=lambda r: f"node{r}", engine=engine,
+                                 engine_counters=synthetic.HEALTHY_ENGINE_COUNTERS
+                                 + ("collective_ns", "engine_cpu_ns"))
+        out = self.tmp / "a.html"
+        code, stdout, stderr = run_cli(folder, "-o", out)
+        self.assertEqual(code, 0, stderr)
+        self.assertIn("FINDING Engine busy-waiting: the engine thread of ranks 0, 1 polls", stdout)
+        html = out.read_text()
+        self.assertIn('id="finding-engine_busy_wait"', html)
+        self.assertIn("<td class=l>engine_cpu_ns</td>", html)  # the engine table, with its meaning
+        self.assertIn("CPU time the engine thread used", html)
+        code, stdout, _ = run_cli(folder, "-o", self.tmp / "b.html", "--threshold",
+                                  "engine_wait_cores=1.5")
+        self.assertEqual(code, 0)
+        self.assertIn("quiet: Engine busy-waiting", stdout)
+        self.assertIn("(default 0.5)", (self.tmp / "b.html").read_text())
+
     def test_list_thresholds(self):
         code, out, _ = run_cli("--list-thresholds")
         self.assertEqual(code, 0)
         self.assertIn("straggler_slowdown", out)
+        self.assertIn("engine_wait_cores", out)
+        self.assertIn("engine_wait_share", out)
 
 
 if __name__ == "__main__":

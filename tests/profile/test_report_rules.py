@@ -275,6 +275,80 @@ class CpuOversubscribed(RuleTest):
         self.assertEqual(self.judge(system=system)["cpu_oversubscribed"].status, QUIET)
 
 
+WAIT_COUNTERS = synthetic.HEALTHY_ENGINE_COUNTERS + ("collective_ns", "engine_cpu_ns")
+
+
+class EngineBusyWait(RuleTest):
+    """The healthy step is 98 ms (97 ms of phases, 1 ms outside them); with jitter=0.0 every
+    figure is exact."""
+
+    def waits(self, cpu_ms, collective_ms=30.0, hosts=2, counters=WAIT_COUNTERS, limits=None):
+        """4 ranks spread over `hosts` hosts whose engine, each step, spends `collective_ms` in
+        collectives and uses cpu_ms(rank) (or `cpu_ms`) of CPU; the writer leaves out a counter
+        that did not move, as dtrain's does."""
+        def engine(rank, step, p):
+            e = dict(synthetic.healthy_engine(rank, step, p))
+            cpu = cpu_ms(rank) if callable(cpu_ms) else cpu_ms
+            for name, ms in (("collective_ns", collective_ms), ("engine_cpu_ns", cpu)):
+                if ms > 0 and name in counters:
+                    e[name] = ms * 1e6
+            return e
+        return self.judge(limits, jitter=0.0, engine=engine, engine_counters=counters,
+                          host=lambda r: f"node{r * hosts // 4}")["engine_busy_wait"]
+
+    def test_fires_across_hosts_on_the_rank_whose_engine_polls_through_its_collectives(self):
+        f = self.waits(lambda r: 29.0 if r == 3 else 3.0)
+        self.assertEqual(f.status, FIRED, f.summary)
+        self.assertEqual(f.ranks, [3])
+        self.assertEqual(f.steps, list(range(2, 40)))
+        self.assertIn("across 2 hosts: it uses 0.97 cores during them", f.summary)
+        self.assertEqual(f.evidence, [
+            "rank 3 (host node1): its engine thread used 0.97 cores while executing collectives "
+            "over steps 2-39: 29 ms of CPU per step against 30 ms in collectives, which take 31% "
+            "of a 98 ms step; the engine's CPU is 30% of the step's time"])
+        for advice in ("DTRAIN_WAIT_MAX_SLEEP_US is not 0", "separate hosts",
+                       "MPIR_CVAR_ASYNC_PROGRESS"):
+            self.assertIn(advice, f.suggestion)
+
+    def test_quiet_across_hosts_when_the_engine_sleeps_while_it_waits(self):
+        f = self.waits(3.0)
+        self.assertEqual(f.status, QUIET, f.summary)
+        self.assertIn("at 0.10 cores in collectives that take 31% of its step", f.summary)
+
+    def test_not_evaluated_for_a_profile_of_a_dtrain_without_the_engine_cpu_clock(self):
+        f = self.waits(29.0, counters=synthetic.HEALTHY_ENGINE_COUNTERS + ("collective_ns",))
+        self.assertEqual(f.status, NOT_EVALUATED, f.summary)
+        self.assertIn("the engine thread's CPU time (engine_cpu_ns) is not among the profile's "
+                      "engine counters", f.summary)
+
+    def test_the_header_not_the_steps_says_whether_the_clock_is_recorded(self):
+        """A counter that did not move is left out of the steps; the header still lists it."""
+        f = self.waits(0.0)
+        self.assertEqual(f.status, QUIET, f.summary)
+        self.assertIn("at 0.00 cores", f.summary)
+
+    def test_quiet_on_one_host_where_shared_memory_waits_poll_by_design(self):
+        f = self.waits(29.0, hosts=1)
+        self.assertEqual(f.status, QUIET, f.summary)
+        self.assertTrue(f.summary.startswith("one host: shared-memory waits poll by design"),
+                        f.summary)
+        # Whatever the profile records: nothing on one host would be a finding.
+        f = self.waits(29.0, hosts=1, counters=synthetic.HEALTHY_ENGINE_COUNTERS)
+        self.assertEqual(f.status, QUIET, f.summary)
+
+    def test_quiet_when_collectives_take_little_of_the_step(self):
+        f = self.waits(5.0, collective_ms=5.0)  # a polling engine, 5% of the step
+        self.assertEqual(f.status, QUIET, f.summary)
+        self.assertIn("at 1.00 cores in collectives that take 5% of its step", f.summary)
+
+    def test_the_thresholds_change_the_verdict(self):
+        self.assertEqual(self.waits(12.0).status, QUIET)  # 0.4 cores
+        limits = thresholds.load(None, ["engine_wait_cores=0.3"])
+        self.assertEqual(self.waits(12.0, limits=limits).status, FIRED)
+        limits = thresholds.load(None, ["engine_wait_share=0.05"])
+        self.assertEqual(self.waits(5.0, collective_ms=5.0, limits=limits).status, FIRED)
+
+
 def with_phase(change):
     """Healthy phases with change(rank, step, phases) applied."""
     def phases(rank, step):

@@ -37,6 +37,8 @@ ENGINE_COUNTERS = {
     "negotiation_ns": "time from submitting ops to receiving their responses, summed over ops",
     "wait_for_slowest_ns": "per op, from the first rank's submission to the last one's, summed (rank 0 only)",
     "collective_ns": "time the engine spent executing collectives",
+    "engine_cpu_ns": "CPU time the engine thread used: near collective_ns when it polls while "
+                     "waiting for its peers, far less when it sleeps",
     "in_flight_ns": "time at least one of this rank's ops was under way (submitted, not yet "
                     "complete)",
 }

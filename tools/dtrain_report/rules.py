@@ -10,8 +10,8 @@ import collections
 import math
 from dataclasses import dataclass, field
 
-from .analysis import COMPUTE_PHASES, Analysis, RankSummary, human_bytes, \
-    is_number, mean, median, percentile, share, step_range, system_usage, devices
+from .analysis import COMPUTE_PHASES, EXECUTION_COUNTER, Analysis, RankSummary, devices, \
+    human_bytes, is_number, mean, median, percentile, share, step_range, system_usage
 
 FIRED, QUIET, NOT_EVALUATED, SUMMARY = "fired", "quiet", "not evaluated", "summary"
 IOWAIT_FIELD = "system_iowait_pct"
@@ -436,6 +436,135 @@ def cpu_oversubscribed(a: Analysis) -> Finding:
         ranks=sorted(fired))
 
 
+ENGINE_CPU_COUNTER = "engine_cpu_ns"
+WAIT_COUNTERS = {ENGINE_CPU_COUNTER: "the engine thread's CPU time",
+                 EXECUTION_COUNTER: "the engine's time executing collectives"}
+
+
+def _records_counter(s: RankSummary, name: str) -> bool:
+    """Whether the rank's dtrain records the engine counter `name`. Steps leave out counters that
+    did not move, so the header's engine_counters, which names every counter recorded, decides;
+    a step that carries the counter settles it for a header without that list."""
+    listed = s.profile.header.get("engine_counters")
+    if isinstance(listed, list) and name in listed:
+        return True
+    return any(st.engine and name in st.engine for st in s.profile.steps)
+
+
+@dataclass
+class _EngineWait:
+    """A rank's engine thread over its judged steps, summed: a collective's time is counted in
+    the step in which it ends and its CPU in the steps in which it ran, so single steps disagree
+    where their sums do not."""
+    summary: RankSummary
+    cpu_ms: float
+    collective_ms: float
+    step_ms: float
+
+    @property
+    def cores(self) -> float:
+        """The engine's CPU per unit of its time in collectives: 1 for a thread that polls
+        throughout. The engine's little CPU outside collectives (negotiation, whose waits sleep:
+        Note [Waiting without burning cores]) is counted too, so this errs slightly high."""
+        return self.cpu_ms / self.collective_ms
+
+    @property
+    def collective_share(self) -> float:
+        return share(self.collective_ms, self.step_ms)
+
+    @property
+    def cpu_share(self) -> float:
+        return share(self.cpu_ms, self.step_ms)
+
+    def per_step(self, ms: float) -> float:
+        return ms / len(self.summary.steps)
+
+
+def _engine_wait(s: RankSummary) -> _EngineWait:
+    engines = [st.engine or {} for st in s.steps]
+    return _EngineWait(summary=s,
+                       cpu_ms=sum(e.get(ENGINE_CPU_COUNTER, 0.0) for e in engines) / 1e6,
+                       collective_ms=sum(e.get(EXECUTION_COUNTER, 0.0) for e in engines) / 1e6,
+                       step_ms=sum(st.duration_ms for st in s.steps))
+
+
+def engine_busy_wait(a: Analysis) -> Finding:
+    """The engine thread's CPU time per unit of its time executing collectives says how it waits
+    for its peers (Note [Engine CPU time] in runtime/engine.hpp): a thread that polls MPI uses a
+    core for the whole collective, one that sleeps between tests little beyond the collective's
+    own work. collective_ns is the denominator because it is the engine thread's own wall time
+    in collectives; negotiation_ns is summed over ops that overlap, nobody's wall time."""
+    rule, title = "engine_busy_wait", "Engine busy-waiting"
+    hosts = a.run.hosts
+    if len(hosts) < 2:
+        # Within a host MPI moves the bytes through shared memory only while it is polled, so
+        # the engine waits hot there on purpose (Note [Waiting for data collectives]).
+        return Finding(rule, title, QUIET,
+                       f"one host: shared-memory waits poll by design (host {next(iter(hosts))}: "
+                       f"MPI moves the bytes within a host only while it is polled, so the "
+                       f"engine's CPU while it waits is expected)")
+    missing = [c for c in WAIT_COUNTERS if not any(_records_counter(s, c)
+                                                   for s in a.ranks.values())]
+    if missing:
+        return Finding(rule, title, NOT_EVALUATED,
+                       "; ".join(f"{WAIT_COUNTERS[c]} ({c}) is not among the profile's engine "
+                                 f"counters" for c in missing)
+                       + ": it was written by a dtrain that does not record "
+                       + ("it" if len(missing) == 1 else "them"))
+    recorded = [s for s in _judged(a) if all(_records_counter(s, c) for c in WAIT_COUNTERS)]
+    if not recorded:
+        return _too_few_steps(a, rule, title)
+    waits = [w for w in map(_engine_wait, recorded) if w.collective_ms > 0]
+    if not waits:
+        return Finding(rule, title, QUIET,
+                       f"the engine executed no collectives in the judged steps of "
+                       f"{_ranks(s.rank for s in recorded)}: it had nothing to wait for")
+    t = a.thresholds
+    cores_limit, share_limit = t["engine_wait_cores"], t["engine_wait_share"]
+    fired = [w for w in waits if w.cores >= cores_limit and w.collective_share >= share_limit]
+    if not fired:
+        # The rank nearest to firing: among those whose collectives take enough of the step, the
+        # one that burns the most.
+        candidates = [w for w in waits if w.collective_share >= share_limit] or waits
+        most = max(candidates, key=lambda w: w.cores)
+        return Finding(rule, title, QUIET,
+                       f"no rank's engine thread uses {cores_limit:g} core or more while "
+                       f"collectives take {_pct(share_limit)} or more of its step (most: rank "
+                       f"{most.summary.rank} at {most.cores:.2f} cores in collectives that take "
+                       f"{_pct(most.collective_share)} of its step; thresholds engine_wait_cores "
+                       f"and engine_wait_share)")
+    evidence = []
+    for w in fired:
+        s = w.summary
+        evidence.append(
+            f"rank {s.rank} (host {s.host}): its engine thread used {w.cores:.2f} cores while "
+            f"executing collectives over steps {step_range([st.index for st in s.steps])}: "
+            f"{_ms(w.per_step(w.cpu_ms))} of CPU per step against "
+            f"{_ms(w.per_step(w.collective_ms))} in collectives, which take "
+            f"{_pct(w.collective_share)} of a {_ms(w.per_step(w.step_ms))} step; the engine's "
+            f"CPU is {_pct(w.cpu_share)} of the step's time")
+    ranks = [w.summary.rank for w in fired]
+    lowest, highest = min(w.cores for w in fired), max(w.cores for w in fired)
+    cores = f"{lowest:.2f}" if f"{lowest:.2f}" == f"{highest:.2f}" else \
+        f"{lowest:.2f} to {highest:.2f}"
+    return Finding(
+        rule, title, FIRED,
+        f"the engine thread of {_ranks(ranks)} polls while it waits for collectives across "
+        f"{len(hosts)} hosts: it uses {cores} cores during them",
+        evidence,
+        "The engine waits for its peers by polling, which takes a core from the work beside it "
+        "(backward, on a CPU cluster). Across hosts dtrain posts its collectives in their "
+        "nonblocking form and sleeps between tests while the data crosses the link (Note "
+        "[Waiting for data collectives] in comm/request_wait.hpp). Check that "
+        "DTRAIN_WAIT_MAX_SLEEP_US is not 0 (0 never sleeps; the default is 500); that the ranks "
+        "are on separate hosts as intended (within a host the waits poll by design); and that "
+        "MPI is not set to spin (MPICH's MPIR_CVAR_ASYNC_PROGRESS=1 adds a progress thread that "
+        "polls). With DTRAIN_HIERARCHICAL_ALLREDUCE=1 the steps within each host poll by design "
+        "and only the step across hosts sleeps. On a fast network the collective's own work "
+        "(packing the fusion buffer, adding the pieces) is CPU too: where the waits already "
+        "sleep, that is what the figure counts.",
+        ranks=ranks, steps=sorted({st.index for w in fired for st in w.summary.steps}))
+
 
 def _no_steps(rule: str, title: str) -> Finding:
     return Finding(rule, title, NOT_EVALUATED, "no steps seen: the rule judges step times")
@@ -796,8 +925,9 @@ def overall_system_usage(a: Analysis) -> Finding:
 
 
 RULES = (low_gpu_utilization, data_loader_bound, communication_bound, straggler_rank,
-         batch_too_small, cpu_oversubscribed, step_outlier, max_initialization_time,
-         gpu_memory_increase, io_bottleneck, load_balancing, overall_system_usage)
+         batch_too_small, cpu_oversubscribed, engine_busy_wait, step_outlier,
+         max_initialization_time, gpu_memory_increase, io_bottleneck, load_balancing,
+         overall_system_usage)
 
 
 def evaluate(a: Analysis) -> list[Finding]:

@@ -51,6 +51,13 @@ THRESHOLDS: dict[str, Threshold] = {
     "runnable_per_cpu": Threshold(
         1.0, "median runnable tasks per CPU above which a saturated host is oversubscribed "
         "(tasks wait for a core)"),
+    "engine_wait_cores": Threshold(
+        0.5, "CPU the engine thread uses per second it spends executing collectives "
+        "(engine_cpu_ns / collective_ns), in cores, from which a job across hosts waits for its "
+        "peers by polling (a wait that sleeps uses a small fraction of a core)", 0),
+    "engine_wait_share": Threshold(
+        0.1, "and the fraction of the step the engine thread spends executing collectives "
+        "(collective_ns), from which the cores it polls away are worth a finding", 0, 1),
     "straggler_score_low": Threshold(
         0.75, "a rank whose straggler score (the fastest rank's median own work per step over its "
         "own, per interval) is below this is named", 0, 1,
