@@ -16,6 +16,11 @@ time in the allreduce as on the target cluster. Every experiment starts by measu
 link really carries (one TCP stream between two hosts) and stops if the shaping did not apply.
 
 Experiments (--experiment, comma-separated; --all runs them in this order):
+  wait          what waiting for a link-bound allreduce costs a rank (bench_wait_cost, 64 MiB, 2
+                hosts x 1 rank, each pinned to its host's core): the cores a rank uses while its
+                main thread sleeps and how much slower compute beside it runs, for dtrain,
+                dtrain never sleeping and raw MPI_Allreduce on a helper thread; then the sleep
+                cap (DTRAIN_WAIT_MAX_SLEEP_US) against transfer time, at --wait-rates
   link          allreduce times across 2 hosts over sizes: fits alpha (per message) and beta
                 (bytes/s) for scaling_model.py
   training      examples/resnet, 1 host x 1 rank vs H hosts x 1 rank (--hosts, default 2,3):
@@ -59,7 +64,7 @@ sys.path.insert(0, HERE)
 import netns_cluster as nc  # noqa: E402
 import profiles  # noqa: E402
 
-EXPERIMENTS = ("link", "training", "hierarchical", "autotune", "buckets")
+EXPERIMENTS = ("wait", "link", "training", "hierarchical", "autotune", "buckets")
 DDP_SCRIPT = os.path.join(HERE, "..", "ddp_resnet.py")
 LINK_TOLERANCE = 0.25
 EXIT_GRACE_S = 15
@@ -101,6 +106,7 @@ class Harness:
         self.trainer = os.path.join(build, "examples", "resnet", "resnet_train")
         self.bench_bandwidth = os.path.join(build, "benchmarks", "bench_allreduce_bandwidth")
         self.bench_autotune = os.path.join(build, "benchmarks", "bench_autotune_grad_sync")
+        self.bench_wait = os.path.join(build, "benchmarks", "bench_wait_cost")
         self.python = args.python or os.environ.get("PYTHON") or sys.executable
         self.results = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "machine": machine_info(), "args": vars(args), "links": [],
@@ -118,6 +124,8 @@ class Harness:
             needed.append(self.bench_bandwidth)
         if "autotune" in experiments:
             needed.append(self.bench_autotune)
+        if "wait" in experiments:
+            needed.append(self.bench_wait)
         missing = [p for p in needed if not os.access(p, os.X_OK)]
         if missing:
             raise Failure("missing programs (build them in --build-dir): " + ", ".join(missing))
@@ -404,6 +412,47 @@ class Harness:
                                    "rate_bps": self.rate, "rho_2_hosts": rho, "lines": lines}
 
     # -- experiments -----------------------------------------------------------------------
+
+    def wait_cost(self, env=None, what="wait cost"):
+        """bench_wait_cost across hosts 0 and 1: {way: {transfer_s, cores, slowdown}}."""
+        a = self.args
+        out = self.dtrain([0, 1], 1, [self.bench_wait, f"--mb={a.wait_mb}",
+                                      f"--rounds={a.bench_rounds}"],
+                          env, what, complete=lambda o: o.count("RESULT way=") >= 3)
+        ways = {}
+        for m in re.finditer(r'^RESULT way="([^"]+)" transfer_s=([0-9.]+) cores=([0-9.]+) '
+                             r'slowdown=([0-9.]+)', out, re.MULTILINE):
+            ways[m.group(1)] = {"transfer_s": float(m.group(2)), "cores": float(m.group(3)),
+                                "slowdown": float(m.group(4))}
+        if len(ways) < 3:
+            raise Failure(f"{what}: no RESULT lines in the output\n{out}")
+        return ways
+
+    def experiment_wait(self):
+        """The core a rank spends waiting for a link-bound allreduce, and the sleep cap."""
+        a = self.args
+        log(f"\n## wait: one {a.wait_mb} MiB allreduce across 2 hosts x 1 rank (a core each), "
+            f"main thread sleeping or computing")
+        rows = []
+        for label in a.wait_rates.split(","):
+            rate = self.rate if label == "profile" else nc.parse_rate(label)
+            self.shape(rate, f"wait, {label}")
+            ways = self.wait_cost(what=f"wait cost at {nc.format_rate(rate)}")
+            caps = {}
+            for cap in a.wait_caps.split(","):
+                got = self.wait_cost({"DTRAIN_WAIT_MAX_SLEEP_US": cap},
+                                     what=f"sleep cap {cap} us at {nc.format_rate(rate)}")
+                caps[cap] = got["dtrain"]
+            rows.append({"rate_bps": rate, "label": label, "ways": ways, "caps": caps})
+            log(f"link {nc.format_rate(rate)}:")
+            log("| way | transfer s | cores while waiting | compute slowdown |\n|---|---|---|---|")
+            for name, w in ways.items():
+                log(f"| {name} | {w['transfer_s']:.3f} | {w['cores']:.2f} | {w['slowdown']:.2f}x |")
+            log("| DTRAIN_WAIT_MAX_SLEEP_US | transfer s | cores while waiting | compute slowdown |"
+                "\n|---|---|---|---|")
+            for cap, w in caps.items():
+                log(f"| {cap} | {w['transfer_s']:.3f} | {w['cores']:.2f} | {w['slowdown']:.2f}x |")
+        self.results["wait"] = rows
 
     def experiment_link(self):
         """alpha and beta of dtrain's allreduce across 2 hosts on the profile's link."""
@@ -822,6 +871,11 @@ def main():
     p.add_argument("--hierarchical-rate", help="link rate of the hierarchical experiment "
                                                "(default: the profile's)")
     p.add_argument("--hierarchical-bytes", type=int, default=16 << 20)
+    p.add_argument("--wait-mb", type=int, default=64, help="the wait experiment's allreduce")
+    p.add_argument("--wait-rates", default="400mbit,profile",
+                   help="link rates of the wait experiment ('profile': the profile's)")
+    p.add_argument("--wait-caps", default="0,100,500,2000,20000",
+                   help="DTRAIN_WAIT_MAX_SLEEP_US values the wait experiment compares")
     p.add_argument("--link-max-bytes", type=int, default=16 << 20,
                    help="largest allreduce of the link experiment (from 4 KiB up, x4)")
     p.add_argument("--bench-rounds", type=int, default=5, help="rounds inside each benchmark")
@@ -846,6 +900,7 @@ def main():
         args.bench_rounds, args.rounds_autotune = 1, 1
         args.autotune_steps_per_sample, args.autotune_configurations = 1, 3
         args.rhos, args.bucket_sizes, args.probe_seconds = "0.5", "0", 0.5
+        args.wait_mb, args.wait_rates, args.wait_caps = 8, "400mbit", "0,500"
     experiments = list(EXPERIMENTS) if args.all else [
         e for e in args.experiment.split(",") if e]
     unknown = [e for e in experiments if e not in EXPERIMENTS]

@@ -10,8 +10,9 @@
 #include "engine_test.hpp"
 
 // ---- MPI profiling-interface wrappers: record the largest message handed to MPI ---------------
-// Defined in this executable, they take precedence over the MPI library's MPI_Allreduce/MPI_Bcast
-// and forward to the PMPI entry points, so the engine runs the real collectives.
+// Defined in this executable, they take precedence over the MPI library's MPI_Iallreduce/MPI_Ibcast
+// (the host path's forms: Note [Waiting for data collectives]) and forward to the PMPI entry
+// points, so the engine runs the real collectives.
 namespace {
 std::atomic<bool> recording{false};
 std::atomic<std::int64_t> max_allreduce_bytes{0};
@@ -29,15 +30,16 @@ void record(std::atomic<std::int64_t>& max, int count, MPI_Datatype type) {
 }
 }  // namespace
 
-extern "C" int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
-                             MPI_Comm comm) {
+extern "C" int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type,
+                              MPI_Op op, MPI_Comm comm, MPI_Request* request) {
   record(max_allreduce_bytes, count, type);
   if (recording.load()) allreduce_calls.fetch_add(1);
-  return PMPI_Allreduce(send, recv, count, type, op, comm);
+  return PMPI_Iallreduce(send, recv, count, type, op, comm, request);
 }
-extern "C" int MPI_Bcast(void* buf, int count, MPI_Datatype type, int root, MPI_Comm comm) {
+extern "C" int MPI_Ibcast(void* buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
+                          MPI_Request* request) {
   record(max_bcast_bytes, count, type);
-  return PMPI_Bcast(buf, count, type, root, comm);
+  return PMPI_Ibcast(buf, count, type, root, comm, request);
 }
 
 namespace {

@@ -20,17 +20,18 @@ std::atomic<std::int64_t> allreduce_calls{0};
 
 }  // namespace
 
-// Counted on every communicator (the engine's data communicator included), then forwarded.
-extern "C" int MPI_Allgatherv(const void* send, int count, MPI_Datatype send_type, void* recv,
-                              const int counts[], const int displs[], MPI_Datatype recv_type,
-                              MPI_Comm comm) {
+// Counted on every communicator (the engine's data communicator included), then forwarded. The
+// host path posts nonblocking collectives only (Note [Waiting for data collectives]).
+extern "C" int MPI_Iallgatherv(const void* send, int count, MPI_Datatype send_type, void* recv,
+                               const int counts[], const int displs[], MPI_Datatype recv_type,
+                               MPI_Comm comm, MPI_Request* request) {
   reduce_scatter_calls.fetch_add(1);
-  return PMPI_Allgatherv(send, count, send_type, recv, counts, displs, recv_type, comm);
+  return PMPI_Iallgatherv(send, count, send_type, recv, counts, displs, recv_type, comm, request);
 }
-extern "C" int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
-                             MPI_Comm comm) {
+extern "C" int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type,
+                              MPI_Op op, MPI_Comm comm, MPI_Request* request) {
   allreduce_calls.fetch_add(1);
-  return PMPI_Allreduce(send, recv, count, type, op, comm);
+  return PMPI_Iallreduce(send, recv, count, type, op, comm, request);
 }
 
 namespace {
@@ -109,20 +110,20 @@ std::vector<T> inputs(std::int64_t n, int salt = 0) {
 
 // The kernel itself, on a communicator of its own, with `chunk` elements per MPI call.
 template <class T>
-void kernel_case(std::int64_t n, double factor, std::int64_t chunk) {
+void kernel_case(std::int64_t n, double factor, std::int64_t chunk, int in_flight = 1) {
   const DataType dtype = dtrain::dtype_of<T>;
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   std::vector<T> data = inputs<T>(n);
   const Reference ref = reference_sum(data, factor);
-  dtrain::detail::HostBuffer shard;
+  dtrain::detail::PiecesInFlight pieces;
   const std::int64_t rs_before = reduce_scatter_calls.load();
   dtrain::detail::host_allreduce_scaled(data.data(), n, dtype, ReduceOp::Sum, factor, comm, chunk,
-                                        shard);
+                                        pieces, dtrain::detail::RequestWait::hot(), in_flight);
   const std::int64_t rs_calls = reduce_scatter_calls.load() - rs_before;
   MPI_Comm_free(&comm);
-  const std::string what = fmt::format("{} elements of {}, factor {}, {} per call", n,
-                                       dtrain::to_string(dtype), factor, chunk);
+  const std::string what = fmt::format("{} elements of {}, factor {}, {} per call, {} in flight",
+                                       n, dtrain::to_string(dtype), factor, chunk, in_flight);
   check_against(data, ref, factor, what);
 
   const int size = world_size();
@@ -148,9 +149,13 @@ TEST_CASE_TEMPLATE("scaled allreduce agrees with MPI_SUM then a scaling loop", T
     for (std::int64_t n : {std::int64_t{1}, std::int64_t{1001}, min_elems - 1, min_elems,
                            min_elems + 1, std::int64_t{100003}})
       kernel_case<T>(n, factor, std::int64_t{1} << 30);
-    // Chunked, each chunk split unevenly, and a tail shorter than the rank count.
-    kernel_case<T>(3 * 40009 + 1, factor, 40009);
-    kernel_case<T>(2 * 40009 + 3, factor, 40009);
+    // Chunked, each chunk split unevenly, and a tail shorter than the rank count; one piece at a
+    // time, and several in flight (Note [Pieces in flight]).
+    for (int in_flight : {1, 2, 5}) {
+      kernel_case<T>(3 * 40009 + 1, factor, 40009, in_flight);
+      kernel_case<T>(2 * 40009 + 3, factor, 40009, in_flight);
+      kernel_case<T>(7 * 20011 + 5, factor, 20011, in_flight);
+    }
   }
 }
 
@@ -161,9 +166,9 @@ TEST_CASE("scaled allreduce scales the result of Max, not its inputs") {
   std::vector<float> data = inputs<float>(n);
   std::vector<float> ref = data;
   PMPI_Allreduce(MPI_IN_PLACE, ref.data(), static_cast<int>(n), MPI_FLOAT, MPI_MAX, MPI_COMM_WORLD);
-  dtrain::detail::HostBuffer shard;
+  dtrain::detail::PiecesInFlight pieces;
   dtrain::detail::host_allreduce_scaled(data.data(), n, DataType::float32, ReduceOp::Max, -0.5,
-                                        comm, n, shard);
+                                        comm, n, pieces);
   MPI_Comm_free(&comm);
   check_elements(data.data(), n, [&](std::int64_t i) { return -0.5 * ref[i]; }, 0.0,
                  "Max scaled by -0.5");

@@ -96,6 +96,10 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return c.peer_timeout_seconds == 0; }, {"-1", "1.5", "never", "inf"}},
       {"MPI_CHUNK_BYTES", [](const Config& c) { return c.mpi_chunk_bytes == 16777216; }, "4K",
        [](const Config& c) { return c.mpi_chunk_bytes == 4096; }, {"4095", "2G", "0"}},
+      {"MPI_PIECES_IN_FLIGHT", [](const Config& c) { return c.mpi_pieces_in_flight == 2; }, "4",
+       [](const Config& c) { return c.mpi_pieces_in_flight == 4; }, {"0", "17", "two"}},
+      {"WAIT_MAX_SLEEP_US", [](const Config& c) { return c.wait_max_sleep_us == 500; }, "0",
+       [](const Config& c) { return c.wait_max_sleep_us == 0; }, {"-1", "100001", "nan"}},
       {"FUSION_PIPELINE", [](const Config& c) { return c.fusion_pipeline; }, "off",
        [](const Config& c) { return !c.fusion_pipeline; }, {"2"}},
       {"HOST_ID", [](const Config& c) { return c.host_id.empty(); }, "node-a",
@@ -125,7 +129,7 @@ TEST_CASE("the test table covers every setting") {
   std::set<std::string> tested;
   for (const KnobCase& k : knob_cases()) tested.insert(k.suffix);
   CHECK(known == tested);
-  CHECK(known.size() == 26);
+  CHECK(known.size() == 28);
 }
 
 TEST_CASE("an empty environment gives the documented defaults, which validate") {

@@ -21,6 +21,7 @@
 
 #include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/host_collectives.hpp"
+#include "dtrain/comm/request_wait.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
@@ -76,9 +77,14 @@ inline HierarchicalPlan plan_hierarchical(std::int64_t n, int local_size, int pa
 // of one size it gathers straight into `buf`; where they are not (n not a multiple of the parts, or
 // hosts of different sizes) every local rank's piece sits in a block of the largest piece's size in
 // `scratch`, and the blocks are gathered there and copied out.
+//
+// Every step is a nonblocking call: the in-host ones waited for hot, the cross-host one as
+// `cross_wait` says (Note [Waiting for data collectives] in comm/request_wait.hpp).
 inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op,
                                    const HierarchyComms& h, HostBuffer& scratch,
-                                   std::int64_t chunk_elems, double factor = 1.0) {
+                                   std::int64_t chunk_elems, double factor = 1.0,
+                                   const RequestWait& cross_wait = RequestWait::hot(),
+                                   int in_flight = 1) {
   if (!h.valid())
     throw Error("dtrain: internal error: hierarchical allreduce without host communicators");
   const HierarchicalPlan plan = plan_hierarchical(n, h.local_size, h.parts);
@@ -93,12 +99,15 @@ inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, Re
   void* piece = blocks ? byte_ptr(area, block * h.local_rank, dtype) : area;
 
   host_reduce_scatter(buf, piece, plan.counts, dtype, op, h.local, chunk_elems);
-  if (mine > 0 && h.cross_size > 1) host_allreduce(piece, mine, dtype, op, h.cross, chunk_elems);
+  if (mine > 0 && h.cross_size > 1)
+    host_allreduce(piece, mine, dtype, op, h.cross, chunk_elems, cross_wait, in_flight);
 
   if (blocks) {
-    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, area, static_cast<int>(block),
-                            mpi_datatype(dtype), h.local),
-              "MPI_Allgather");
+    MPI_Request request = MPI_REQUEST_NULL;
+    mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, area, static_cast<int>(block),
+                             mpi_datatype(dtype), h.local, &request),
+              "MPI_Iallgather");
+    RequestWait::hot().wait(request, "MPI_Iallgather");
     for (int k = 0; k < h.local_size; ++k)
       scale_copy(dtype, byte_ptr(area, block * k, dtype), byte_ptr(buf, plan.displs[k], dtype),
                  plan.counts[k], factor);

@@ -1,5 +1,7 @@
 #pragma once
-// Collectives on host memory over one MPI communicator, safe for any element count.
+// Collectives on host memory over one MPI communicator, safe for any element count. Every one is
+// posted in its nonblocking form and waited for as the RequestWait says (Note [Waiting for data
+// collectives] in comm/request_wait.hpp): no data collective blocks inside MPI.
 //
 // Note [MPI counts]
 // MPI counts are `int`. Allreduce and broadcast are cut into pieces of at most `chunk_elems`
@@ -10,20 +12,22 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 #include <functional>
 #include <numeric>
+#include <span>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/local_reduce.hpp"
 #include "dtrain/comm/mpi_datatype.hpp"
+#include "dtrain/comm/pieces_in_flight.hpp"
+#include "dtrain/comm/request_wait.hpp"
 
 namespace dtrain::detail {
-
-// Ranks whose shard counts host_allreduce_scaled() keeps on the stack (more use the heap).
-inline constexpr int kMaxShardRanks = 64;
 
 // Largest count handed to one MPI call. A variable, not a constant, so tests can lower it and
 // exercise the large-count paths with small buffers.
@@ -37,32 +41,51 @@ inline std::int64_t chunk_elements(std::int64_t chunk_bytes, DataType dtype) noe
   return std::min(e, mpi_count_limit());
 }
 
-inline char* byte_ptr(void* p, std::int64_t elems, DataType dtype) noexcept {
-  return static_cast<char*>(p) + elems * static_cast<std::int64_t>(element_size(dtype));
-}
-inline const char* byte_ptr(const void* p, std::int64_t elems, DataType dtype) noexcept {
-  return static_cast<const char*>(p) + elems * static_cast<std::int64_t>(element_size(dtype));
+// In-place allreduce of `n` elements in pieces of at most `chunk_elems`, up to `in_flight` of them
+// posted at once (Note [Pieces in flight]). `op` must not be Average (the caller folds it into a
+// scale).
+inline void host_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, MPI_Comm comm,
+                           std::int64_t chunk_elems, const RequestWait& wait = RequestWait::hot(),
+                           int in_flight = 1) {
+  PiecesInFlight pieces;
+  const std::int64_t count = (n + chunk_elems - 1) / chunk_elems;
+  pieces.run(
+      count,
+      [&](std::int64_t k) {
+        const std::int64_t off = k * chunk_elems;
+        return PieceSpec{byte_ptr(buf, off, dtype), std::min(chunk_elems, n - off), dtype, op};
+      },
+      [](std::int64_t) {}, [](std::int64_t) {}, comm, in_flight, wait);
 }
 
-// In-place allreduce of `n` elements. `op` must not be Average (the caller folds it into a scale).
-inline void host_allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, MPI_Comm comm,
-                           std::int64_t chunk_elems) {
-  const MPI_Datatype type = mpi_datatype(dtype);
-  const MPI_Op mop = mpi_op(op, dtype);
+// Posts nonblocking calls made by `post(offset, count, request)` over `n` elements in chunks of at
+// most `chunk_elems`, up to `in_flight` at once in chunk order, and waits for them all.
+template <class Post>
+void chunked_in_flight(std::int64_t n, std::int64_t chunk_elems, int in_flight,
+                       const RequestWait& wait, std::string_view call, Post&& post) {
+  std::array<MPI_Request, kMaxPiecesInFlight> window;
+  window.fill(MPI_REQUEST_NULL);
+  const int slots = std::clamp(in_flight, 1, kMaxPiecesInFlight);
+  int next = 0;
   for (std::int64_t off = 0; off < n; off += chunk_elems) {
-    const int count = static_cast<int>(std::min(chunk_elems, n - off));
-    mpi_check(MPI_Allreduce(MPI_IN_PLACE, byte_ptr(buf, off, dtype), count, type, mop, comm),
-              "MPI_Allreduce");
+    MPI_Request& slot = window[static_cast<std::size_t>(next)];
+    if (slot != MPI_REQUEST_NULL) wait.wait(slot, call);  // the oldest in flight
+    post(off, static_cast<int>(std::min(chunk_elems, n - off)), &slot);
+    next = (next + 1) % slots;
   }
+  wait.wait_all(std::span<MPI_Request>(window.data(), static_cast<std::size_t>(slots)), call);
 }
 
 inline void host_broadcast(void* buf, std::int64_t n, DataType dtype, int root, MPI_Comm comm,
-                           std::int64_t chunk_elems) {
+                           std::int64_t chunk_elems, const RequestWait& wait = RequestWait::hot(),
+                           int in_flight = 1) {
   const MPI_Datatype type = mpi_datatype(dtype);
-  for (std::int64_t off = 0; off < n; off += chunk_elems) {
-    const int count = static_cast<int>(std::min(chunk_elems, n - off));
-    mpi_check(MPI_Bcast(byte_ptr(buf, off, dtype), count, type, root, comm), "MPI_Bcast");
-  }
+  chunked_in_flight(n, chunk_elems, in_flight, wait, "MPI_Ibcast",
+                    [&](std::int64_t off, int count, MPI_Request* request) {
+                      mpi_check(MPI_Ibcast(byte_ptr(buf, off, dtype), count, type, root, comm,
+                                           request),
+                                "MPI_Ibcast");
+                    });
 }
 
 inline bool fits_in_count(const std::vector<std::int64_t>& counts) {
@@ -99,64 +122,75 @@ inline bool equal_counts(const std::vector<std::int64_t>& counts) {
 // Gathers in place: rank r's `counts[r]` elements already lie at their offset in `recv` (the sum
 // of the counts before r); every rank receives every other rank's.
 inline void host_allgatherv_in_place(void* recv, const std::vector<std::int64_t>& counts,
-                                     DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
+                                     DataType dtype, MPI_Comm comm, std::int64_t chunk_elems,
+                                     const RequestWait& wait = RequestWait::hot()) {
   const auto displs = exclusive_prefix(counts);
+  MPI_Request request = MPI_REQUEST_NULL;
   if (!counts.empty() && equal_counts(counts) && fits_in_count(counts)) {
-    mpi_check(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv,
-                            static_cast<int>(counts[0]), mpi_datatype(dtype), comm),
-              "MPI_Allgather");
+    mpi_check(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv,
+                             static_cast<int>(counts[0]), mpi_datatype(dtype), comm, &request),
+              "MPI_Iallgather");
+    wait.wait(request, "MPI_Iallgather");
     return;
   }
   if (fits_in_count(counts)) {
     auto c = to_int(counts), d = to_int(displs);
-    mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, c.data(), d.data(),
-                             mpi_datatype(dtype), comm),
-              "MPI_Allgatherv");
+    mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, c.data(), d.data(),
+                              mpi_datatype(dtype), comm, &request),
+              "MPI_Iallgatherv");
+    wait.wait(request, "MPI_Iallgatherv");
     return;
   }
   for (std::size_t r = 0; r < counts.size(); ++r)
     host_broadcast(byte_ptr(recv, displs[r], dtype), counts[r], dtype, static_cast<int>(r), comm,
-                   chunk_elems);
+                   chunk_elems, wait);
 }
 
 // Gathers `counts[r]` elements from every rank r into `recv`, in rank order.
 inline void host_allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& counts,
-                            DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
+                            DataType dtype, MPI_Comm comm, std::int64_t chunk_elems,
+                            const RequestWait& wait = RequestWait::hot()) {
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
   const auto displs = exclusive_prefix(counts);
   const MPI_Datatype type = mpi_datatype(dtype);
+  MPI_Request request = MPI_REQUEST_NULL;
   if (equal_counts(counts) && fits_in_count(counts)) {  // Note [Allgather, not Allgatherv]
     const int count = static_cast<int>(counts[static_cast<std::size_t>(rank)]);
-    mpi_check(MPI_Allgather(count ? send : recv, count, type, recv, count, type, comm),
-              "MPI_Allgather");
+    mpi_check(MPI_Iallgather(count ? send : recv, count, type, recv, count, type, comm, &request),
+              "MPI_Iallgather");
+    wait.wait(request, "MPI_Iallgather");
     return;
   }
   if (fits_in_count(counts)) {
     auto c = to_int(counts), d = to_int(displs);
-    mpi_check(MPI_Allgatherv(counts[rank] ? send : recv, c[rank], type, recv, c.data(), d.data(),
-                             type, comm),
-              "MPI_Allgatherv");
+    mpi_check(MPI_Iallgatherv(counts[rank] ? send : recv, c[rank], type, recv, c.data(), d.data(),
+                              type, comm, &request),
+              "MPI_Iallgatherv");
+    wait.wait(request, "MPI_Iallgatherv");
     return;
   }
   std::copy_n(static_cast<const char*>(send), counts[rank] * element_size(dtype),
               byte_ptr(recv, displs[rank], dtype));
-  host_allgatherv_in_place(recv, counts, dtype, comm, chunk_elems);
+  host_allgatherv_in_place(recv, counts, dtype, comm, chunk_elems, wait);
 }
 
 // Sends send_counts[r] elements to rank r; receives recv_counts[r] elements from rank r.
 inline void host_alltoallv(const void* send, const std::vector<std::int64_t>& send_counts,
                            void* recv, const std::vector<std::int64_t>& recv_counts,
-                           DataType dtype, MPI_Comm comm, std::int64_t chunk_elems) {
+                           DataType dtype, MPI_Comm comm, std::int64_t chunk_elems,
+                           const RequestWait& wait = RequestWait::hot()) {
   const auto sdispls = exclusive_prefix(send_counts);
   const auto rdispls = exclusive_prefix(recv_counts);
   const MPI_Datatype type = mpi_datatype(dtype);
   if (fits_in_count(send_counts) && fits_in_count(recv_counts)) {
     auto sc = to_int(send_counts), sd = to_int(sdispls), rc = to_int(recv_counts),
          rd = to_int(rdispls);
-    mpi_check(MPI_Alltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
-                            comm),
-              "MPI_Alltoallv");
+    MPI_Request request = MPI_REQUEST_NULL;
+    mpi_check(MPI_Ialltoallv(send, sc.data(), sd.data(), type, recv, rc.data(), rd.data(), type,
+                             comm, &request),
+              "MPI_Ialltoallv");
+    wait.wait(request, "MPI_Ialltoallv");
     return;
   }
   int rank = 0, size = 1;
@@ -172,11 +206,14 @@ inline void host_alltoallv(const void* send, const std::vector<std::int64_t>& se
     while (sent < send_counts[to] || received < recv_counts[from]) {
       const int sc = static_cast<int>(std::min(chunk_elems, send_counts[to] - sent));
       const int rc = static_cast<int>(std::min(chunk_elems, recv_counts[from] - received));
-      mpi_check(MPI_Sendrecv(byte_ptr(send, sdispls[to] + sent, dtype), sc, type,
-                             sc > 0 ? to : MPI_PROC_NULL, 0,
-                             byte_ptr(recv, rdispls[from] + received, dtype), rc, type,
-                             rc > 0 ? from : MPI_PROC_NULL, 0, comm, MPI_STATUS_IGNORE),
-                "MPI_Sendrecv");
+      MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      mpi_check(MPI_Irecv(byte_ptr(recv, rdispls[from] + received, dtype), rc, type,
+                          rc > 0 ? from : MPI_PROC_NULL, 0, comm, &requests[0]),
+                "MPI_Irecv");
+      mpi_check(MPI_Isend(byte_ptr(send, sdispls[to] + sent, dtype), sc, type,
+                          sc > 0 ? to : MPI_PROC_NULL, 0, comm, &requests[1]),
+                "MPI_Isend");
+      wait.wait_all(requests, "MPI_Isend/MPI_Irecv (alltoall)");
       sent += sc;
       received += rc;
     }
@@ -187,12 +224,16 @@ inline void host_alltoallv(const void* send, const std::vector<std::int64_t>& se
 // offset sum(counts[0..r)).
 inline void host_reduce_scatter(const void* send, void* recv,
                                 const std::vector<std::int64_t>& counts, DataType dtype,
-                                ReduceOp op, MPI_Comm comm, std::int64_t chunk_elems) {
+                                ReduceOp op, MPI_Comm comm, std::int64_t chunk_elems,
+                                const RequestWait& wait = RequestWait::hot()) {
   const MPI_Datatype type = mpi_datatype(dtype);
   const MPI_Op mop = mpi_op(op, dtype);
+  MPI_Request request = MPI_REQUEST_NULL;
   if (fits_in_count(counts)) {
     auto c = to_int(counts);
-    mpi_check(MPI_Reduce_scatter(send, recv, c.data(), type, mop, comm), "MPI_Reduce_scatter");
+    mpi_check(MPI_Ireduce_scatter(send, recv, c.data(), type, mop, comm, &request),
+              "MPI_Ireduce_scatter");
+    wait.wait(request, "MPI_Ireduce_scatter");
     return;
   }
   int rank = 0;
@@ -202,10 +243,11 @@ inline void host_reduce_scatter(const void* send, void* recv,
     for (std::int64_t off = 0; off < counts[r]; off += chunk_elems) {
       const int count = static_cast<int>(std::min(chunk_elems, counts[r] - off));
       const bool mine = static_cast<int>(r) == rank;
-      mpi_check(MPI_Reduce(byte_ptr(send, displs[r] + off, dtype),
-                           mine ? byte_ptr(recv, off, dtype) : nullptr, count, type, mop,
-                           static_cast<int>(r), comm),
-                "MPI_Reduce");
+      mpi_check(MPI_Ireduce(byte_ptr(send, displs[r] + off, dtype),
+                            mine ? byte_ptr(recv, off, dtype) : nullptr, count, type, mop,
+                            static_cast<int>(r), comm, &request),
+                "MPI_Ireduce");
+      wait.wait(request, "MPI_Ireduce");
     }
   }
 }
@@ -259,70 +301,52 @@ inline std::size_t scaled_allreduce_shard_bytes(std::int64_t n, DataType dtype, 
          element_size(dtype);
 }
 
+// The pieces of an in-place allreduce of `n` elements whose result is multiplied by `factor`, in
+// chunks of at most `chunk_elems`: piece k as PiecesInFlight runs it (Note [Scaled allreduce]).
+// Every rank plans the same pieces: the plan depends on the count, dtype, factor and size only.
+struct ScaledAllreducePlan {
+  void* buf = nullptr;
+  std::int64_t n = 0;
+  DataType dtype = DataType::float32;
+  ReduceOp op = ReduceOp::Sum;
+  double factor = 1.0;
+  std::int64_t step = 1;  // elements per piece
+  bool shards = false;    // scaled in shards (ring) where a piece is large enough
+
+  ScaledAllreducePlan(void* b, std::int64_t count, DataType d, ReduceOp o, double f, int size,
+                      std::int64_t chunk_elems)
+      : buf(b), n(count), dtype(d), op(o), factor(f),
+        step(std::max<std::int64_t>(chunk_elems, size)),
+        shards(scaled_allreduce_shard_bytes(count, d, f, size, chunk_elems) > 0), size_(size) {}
+
+  std::int64_t pieces() const noexcept { return (n + step - 1) / step; }
+  PieceSpec piece(std::int64_t k) const noexcept {
+    const std::int64_t off = k * step, len = std::min(step, n - off);
+    // A short tail, too small to split, is one allreduce and a scaling pass.
+    return PieceSpec{byte_ptr(buf, off, dtype), len, dtype, op, factor, shards && len >= size_};
+  }
+
+ private:
+  int size_ = 1;
+};
+
 // In-place allreduce of `n` elements, the result multiplied by `factor` (Note [Scaled
-// allreduce]). `op` must not be Average. `shard` holds this rank's part between the two calls.
+// allreduce]), up to `in_flight` pieces at once (Note [Pieces in flight]). `op` must not be
+// Average. `pieces` keeps the ring memory between calls.
 inline void host_allreduce_scaled(void* buf, std::int64_t n, DataType dtype, ReduceOp op,
                                   double factor, MPI_Comm comm, std::int64_t chunk_elems,
-                                  HostBuffer& shard) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
+                                  PiecesInFlight& pieces,
+                                  const RequestWait& wait = RequestWait::hot(), int in_flight = 1) {
+  int size = 1;
   MPI_Comm_size(comm, &size);
-  const std::size_t shard_bytes = scaled_allreduce_shard_bytes(n, dtype, factor, size, chunk_elems);
-  if (shard_bytes == 0) {
-    if (size > 1) host_allreduce(buf, n, dtype, op, comm, chunk_elems);
+  if (size == 1) {
     scale_in_place(dtype, buf, n, factor);
     return;
   }
-  const MPI_Datatype type = mpi_datatype(dtype);
-  // Every chunk fits MPI's int counts (chunk_elems <= mpi_count_limit()), so do its parts.
-  const std::int64_t step = std::max<std::int64_t>(chunk_elems, size);
-  int counts[kMaxShardRanks], displs[kMaxShardRanks];
-  std::vector<int> big_counts, big_displs;
-  int* c = counts;
-  int* d = displs;
-  if (size > kMaxShardRanks) {
-    big_counts.resize(static_cast<std::size_t>(size));
-    big_displs.resize(static_cast<std::size_t>(size));
-    c = big_counts.data();
-    d = big_displs.data();
-  }
-  void* incoming = shard.reserve(shard_bytes);
-  for (std::int64_t off = 0; off < n; off += step) {
-    const std::int64_t len = std::min(step, n - off);
-    if (len < size) {  // a short tail: too small to split
-      host_allreduce(byte_ptr(buf, off, dtype), len, dtype, op, comm, chunk_elems);
-      scale_in_place(dtype, byte_ptr(buf, off, dtype), len, factor);
-      continue;
-    }
-    const std::int64_t base = len / size, extra = len % size;
-    std::int64_t at = 0;
-    for (int k = 0; k < size; ++k) {
-      c[k] = static_cast<int>(base + (k < extra ? 1 : 0));
-      d[k] = static_cast<int>(at);
-      at += c[k];
-    }
-    char* chunk = byte_ptr(buf, off, dtype);
-    // Ring reduce-scatter: in step s this rank sends its partial sum of part (rank-s-1) to the
-    // next rank and adds the previous rank's partial sum of part (rank-s-2) into its own; after
-    // size-1 steps it holds part `rank` complete, and the last addition also scales it.
-    const int next = (rank + 1) % size, prev = (rank - 1 + size) % size;
-    for (int s = 0; s < size - 1; ++s) {
-      const int send_part = ((rank - s - 1) % size + size) % size;
-      const int recv_part = ((rank - s - 2) % size + size) % size;
-      mpi_check(MPI_Sendrecv(byte_ptr(chunk, d[send_part], dtype), c[send_part], type, next, 0,
-                             incoming, c[recv_part], type, prev, 0, comm, MPI_STATUS_IGNORE),
-                "MPI_Sendrecv");
-      const double f = s == size - 2 ? factor : 1.0;
-      visit_dtype(dtype, [&](auto tag) {
-        using T = decltype(tag);
-        T* mine = reinterpret_cast<T*>(byte_ptr(chunk, d[recv_part], dtype));
-        if (f == 1.0) reduce_into(op, static_cast<const T*>(incoming), mine, c[recv_part]);
-        else reduce_scale_into(op, static_cast<const T*>(incoming), mine, c[recv_part], f);
-      });
-    }
-    mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, chunk, c, d, type, comm),
-              "MPI_Allgatherv");
-  }
+  const ScaledAllreducePlan plan(buf, n, dtype, op, factor, size, chunk_elems);
+  pieces.run(
+      plan.pieces(), [&](std::int64_t k) { return plan.piece(k); }, [](std::int64_t) {},
+      [](std::int64_t) {}, comm, in_flight, wait);
 }
 
 }  // namespace dtrain::detail

@@ -37,6 +37,8 @@ struct Config {
   double op_timeout_seconds = 600;                   // DTRAIN_OP_TIMEOUT_SECONDS; 0 = no deadline
   double peer_timeout_seconds = 60;                  // DTRAIN_PEER_TIMEOUT_SECONDS; 0 = never
   std::int64_t mpi_chunk_bytes = 16777216;           // DTRAIN_MPI_CHUNK_BYTES
+  int mpi_pieces_in_flight = 2;                      // DTRAIN_MPI_PIECES_IN_FLIGHT
+  double wait_max_sleep_us = 500;                    // DTRAIN_WAIT_MAX_SLEEP_US; 0 = never sleep
   bool fusion_pipeline = true;                       // DTRAIN_FUSION_PIPELINE
   std::string host_id;                               // DTRAIN_HOST_ID; empty = real host name
 

@@ -133,6 +133,13 @@ void for_each_knob(Visitor&& visit) {
                               4096, std::int64_t{1} << 30,
                               "bytes from 4096 (4K) to 1073741824 (1G) with an optional K, M or "
                               "G suffix, e.g. 4M"});
+  // Note [Pieces in flight] in comm/pieces_in_flight.hpp.
+  visit(IntKnob<int>{"MPI_PIECES_IN_FLIGHT", "mpi_pieces_in_flight",
+                     &Config::mpi_pieces_in_flight, 1, 16, "an integer from 1 to 16, e.g. 2"});
+  // Note [Waiting for data collectives] in comm/request_wait.hpp: the cap must stay well below the
+  // time the sockets' buffers take to drain at the link's rate.
+  visit(FloatKnob{"WAIT_MAX_SLEEP_US", "wait_max_sleep_us", &Config::wait_max_sleep_us, 0, false,
+                  100000, "microseconds from 0 (never sleep) to 100000, e.g. 500"});
   visit(BoolKnob{"FUSION_PIPELINE", "fusion_pipeline", &Config::fusion_pipeline});
   visit(StringKnob{"HOST_ID", "host_id", &Config::host_id});
 }

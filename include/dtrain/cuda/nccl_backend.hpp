@@ -51,7 +51,7 @@ class NcclBackend final : public DeviceTransport {
   void execute(const Response& r, std::span<Entry* const> entries, int device) override {
     const auto start = std::chrono::steady_clock::now();
     DeviceGuard guard(device);
-    const Deadline deadline = Deadline::after(ctx_.config->op_timeout_seconds);
+    const Deadline deadline = Deadline::after(ctx_.op_timeout_seconds, ctx_.own_pauses);
     Lane& lane = lane_for(r, device, deadline);
     order_after_producers(lane.stream, lane.ready, entries);
     std::vector<NcclComm*> used{&lane.world};
@@ -314,7 +314,7 @@ class NcclBackend final : public DeviceTransport {
 
   void alltoall(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {
     AlltoallCounts c =
-        exchange_alltoall_counts(*e, size_, ctx_.data_comm, "MPI_Alltoall (alltoall splits)");
+        exchange_alltoall_counts(*e, size_, ctx_.data_comm, "MPI_Ialltoall (alltoall splits)");
     const auto& send_counts = c.send_counts;
     const auto& recv_counts = c.recv_counts;
     void* out = e->make_output(c.out_shape);

@@ -30,6 +30,7 @@
 #include "dtrain/comm/reduce_op.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/cuda/error.hpp"
+#include "dtrain/runtime/op_deadline.hpp"
 #include "dtrain/tensor/dtype.hpp"
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < 21400
@@ -82,22 +83,8 @@ inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
   return ncclSum;
 }
 
-// When an op must have finished; `seconds` <= 0 means never.
-struct Deadline {
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point at = Clock::time_point::max();
-  double seconds = 0;
-
-  static Deadline after(double seconds) {
-    Deadline d;
-    d.seconds = seconds;
-    if (seconds > 0)
-      d.at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                std::chrono::duration<double>(seconds));
-    return d;
-  }
-  bool passed() const noexcept { return Clock::now() >= at; }
-};
+// When an op must have finished (Note [One op deadline] in runtime/op_deadline.hpp).
+using Deadline = OpDeadline;
 
 // Polling back-off: spin briefly (an op that is about to finish costs no sleep), then yield, then
 // sleep in short steps so a rank waiting for a slow peer uses almost no CPU.
@@ -105,7 +92,7 @@ class Backoff {
  public:
   void pause() {
     // Qualified: dtrain::detail has a milliseconds() of its own (the profiler's records).
-    const auto waited = Deadline::Clock::now() - start_;
+    const auto waited = OpDeadline::Clock::now() - start_;
     if (waited < std::chrono::microseconds(50)) return;
     if (waited < std::chrono::milliseconds(2)) {
       std::this_thread::yield();
@@ -115,7 +102,7 @@ class Backoff {
   }
 
  private:
-  Deadline::Clock::time_point start_ = Deadline::Clock::now();
+  OpDeadline::Clock::time_point start_ = OpDeadline::Clock::now();
 };
 
 class NcclComm {
@@ -232,7 +219,7 @@ class NcclComm {
         throw TimeoutError(fmt::format(
             "dtrain: {} did not finish within {} s (DTRAIN_OP_TIMEOUT_SECONDS): a peer rank "
             "died, hangs, or never reached the same NCCL call; the communicator was aborted",
-            what, deadline.seconds));
+            what, deadline.seconds()));
       }
       backoff.pause();
     }
@@ -291,7 +278,7 @@ inline void wait_for_device(cudaEvent_t done, std::span<NcclComm* const> comms,
       throw TimeoutError(fmt::format(
           "dtrain: {} did not complete on the device within {} s (DTRAIN_OP_TIMEOUT_SECONDS): a "
           "peer rank died or hangs{}",
-          what, deadline.seconds,
+          what, deadline.seconds(),
           comms.empty() ? "" : "; its NCCL communicators were aborted"));
     }
     backoff.pause();

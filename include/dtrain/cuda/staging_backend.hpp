@@ -41,7 +41,7 @@ class StagingBackend final : public DeviceTransport {
 
   void execute(const Response& r, std::span<Entry* const> entries, int device) override {
     DeviceGuard guard(device);
-    const Deadline deadline = Deadline::after(ctx_.config->op_timeout_seconds);
+    const Deadline deadline = Deadline::after(ctx_.op_timeout_seconds, ctx_.own_pauses);
     CopyLane& lane = lane_for(device);
     order_after_producers(lane.stream, lane.ready, entries);
     const std::string what = fmt::format("staging copies for {} '{}'", r.kind,
@@ -135,6 +135,8 @@ class StagingBackend final : public DeviceTransport {
     o.stats = ctx.stats;
     o.hierarchical = ctx.config->hierarchical_allreduce && ctx.hierarchy.valid();
     o.hierarchy = ctx.hierarchy;
+    o.wait = data_wait(*ctx.config, ctx.hierarchy);
+    o.pieces_in_flight = ctx.config->mpi_pieces_in_flight;
     return o;
   }
 

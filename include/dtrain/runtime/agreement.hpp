@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtrain/comm/gather_text.hpp"
 #include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/config_knobs.hpp"
@@ -100,21 +101,10 @@ inline std::string values_by_rank(const std::vector<std::map<std::string, std::s
 // Collective over `comm`. `direct_segments_pay`: this process has a core of its own.
 inline AgreedSettings agree_on_settings(const Config& config, bool direct_segments_pay,
                                         MPI_Comm comm) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  const std::string mine = agreement::describe(config, direct_segments_pay);
-  const int length = static_cast<int>(mine.size());
-  std::vector<int> lengths(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size), 0);
-  mpi_check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm), "MPI_Allgather");
-  for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
-  std::string all(static_cast<std::size_t>(offsets.back() + lengths.back()), '\0');
-  mpi_check(MPI_Allgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                           offsets.data(), MPI_CHAR, comm),
-            "MPI_Allgatherv");
   std::vector<std::map<std::string, std::string>> views;
-  for (int r = 0; r < size; ++r)
-    views.push_back(agreement::parse(std::string_view(all).substr(offsets[r], lengths[r])));
+  for (const std::string& text :
+       allgather_text(agreement::describe(config, direct_segments_pay), comm))
+    views.push_back(agreement::parse(text));
 
   AgreedSettings out;
   // describe() wrote the shortest text that reads back as the same double.

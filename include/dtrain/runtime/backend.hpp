@@ -15,11 +15,13 @@
 
 #include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/mpi_error.hpp"
+#include "dtrain/comm/request_wait.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/runtime/device_registry.hpp"
 #include "dtrain/runtime/engine_counters.hpp"
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/op_deadline.hpp"
 #include "dtrain/runtime/timeline.hpp"
 
 namespace dtrain::detail {
@@ -47,6 +49,11 @@ inline ReduceOp effective_op(const Response& r) {
 // communicators; invalid when the engine has no topology), counters, and the timeline (rank 0).
 struct BackendContext {
   const Config* config = nullptr;
+  // The op deadline every rank enforces, rank 0's DTRAIN_OP_TIMEOUT_SECONDS, and this process's
+  // own pauses, which it does not count (Note [One op deadline] in runtime/op_deadline.hpp).
+  // Never config->op_timeout_seconds: that is this rank's own value.
+  double op_timeout_seconds = 0;
+  const OwnPauses* own_pauses = nullptr;
   MPI_Comm data_comm = MPI_COMM_NULL;
   HierarchyComms hierarchy;
   EngineCounters* stats = nullptr;
@@ -65,12 +72,16 @@ struct AlltoallCounts {
 // each rank) go out, the rows each rank sends here come back, over `comm` of `size` ranks.
 // Joined ranks are rejected during negotiation, so every rank has its entry.
 inline AlltoallCounts exchange_alltoall_counts(const Entry& e, int size, MPI_Comm comm,
-                                               std::string_view call) {
+                                               std::string_view call,
+                                               const RequestWait& wait = RequestWait::hot()) {
   AlltoallCounts c;
   const std::int64_t row = e.request.row_numel();
   c.recv_rows.resize(size);
-  mpi_check(MPI_Alltoall(e.splits.data(), 1, MPI_INT64_T, c.recv_rows.data(), 1, MPI_INT64_T, comm),
+  MPI_Request request = MPI_REQUEST_NULL;
+  mpi_check(MPI_Ialltoall(e.splits.data(), 1, MPI_INT64_T, c.recv_rows.data(), 1, MPI_INT64_T,
+                          comm, &request),
             call);
+  wait.wait(request, call);
   c.send_counts.resize(size);
   c.recv_counts.resize(size);
   std::int64_t total_rows = 0;

@@ -14,6 +14,7 @@
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/op_checks.hpp"
+#include "dtrain/runtime/op_names.hpp"
 #include "dtrain/runtime/submission.hpp"
 
 namespace dtrain::detail {
@@ -32,6 +33,9 @@ inline NamedOp name_op(std::string_view given, OpKind kind, std::string_view cal
                        const ProcessSet& process_set = {}) {
   auto eng = engine(caller);
   SetOfOp set = enter_process_set(*eng, process_set, kind, given);
+  // Every rank runs the same call, so every rank refuses it alike (Note [Generated names]).
+  if (!given.empty() && is_reserved_name(given))
+    throw InvalidArgumentError(why_reserved(given, kind));
   std::string name = given.empty() ? generate_name(*eng, kind, set.id) : std::string(given);
   return NamedOp{std::move(eng), std::move(name), kind, {}, std::move(set)};
 }

@@ -168,6 +168,13 @@ class Coordinator {
   // Process sets, the world included.
   std::size_t process_sets() const noexcept { return sets_.size(); }
 
+  // The ranks could not make set `id`'s communicators (Note [Communicator limit] in
+  // runtime/response_executor.hpp): it does not exist, and a set of its ranks may be asked for
+  // again. Nothing was submitted to it: no rank had it.
+  void forget_set(std::int32_t id) {
+    if (id != 0) sets_.erase(id);
+  }
+
   // Human-readable list of what is pending and who is missing (stall warnings, shutdown errors).
   std::string pending_report(Clock::time_point now, std::size_t max_items = 20) const {
     std::string out;

@@ -3,6 +3,10 @@
 // See Note [Negotiation] and Note [Batching] in runtime/coordinator.hpp.
 // The loop waits as Note [Waiting without burning cores] (runtime/wait_policy.hpp) says.
 #include <mpi.h>
+#if defined(__linux__)
+#include <pthread.h>
+#include <time.h>
+#endif
 
 #include <algorithm>
 #include <array>
@@ -109,6 +113,8 @@ class Engine {
     ho.hierarchical = config.hierarchical_allreduce && hierarchy_.valid();
     ho.hierarchy = hierarchy_;
     ho.direct_segments = agreed.direct_segments;
+    ho.wait = data_wait(config, hierarchy_);
+    ho.pieces_in_flight = config.mpi_pieces_in_flight;
     direct_segments_ = agreed.direct_segments;
     ResponseExecutor::Context ec;
     ec.rank = rank_;
@@ -125,6 +131,12 @@ class Engine {
     ec.take_join = [this](std::int32_t process_set) {
       std::lock_guard lock(mutex_);
       return table_.take_join(process_set);
+    };
+    ec.set_not_made = [this](std::int32_t id) {
+      if (coordinator_) coordinator_->forget_set(id);  // rank 0, on the engine thread
+    };
+    ec.names_caught_up = [this](std::int32_t id, const std::vector<std::uint64_t>& counts) {
+      namer_.catch_up(id, counts);
     };
     ec.set_created = [this](std::int32_t id, std::vector<int> ranks) {
       std::lock_guard lock(mutex_);
@@ -152,6 +164,8 @@ class Engine {
     watchdog_.emplace(agreed.op_timeout_seconds, rank_, monitor_ ? &*monitor_ : nullptr,
                       [this](const std::string& why) { fail_everything(why); });
     ec.watchdog = &*watchdog_;
+    ec.op_timeout_seconds = agreed.op_timeout_seconds;  // Note [One op deadline]
+    ec.own_pauses = &watchdog_->own_pauses();
     executor_.emplace(std::move(ec), ho);
     thread_ = std::thread([this] { run(); });
   }
@@ -241,15 +255,25 @@ class Engine {
   void submit_all(std::vector<std::shared_ptr<Entry>> entries) {
     while (true) {
       std::shared_ptr<OpState> rejection;  // of the same name, still being settled
+      std::string across_threads;          // Note [In-flight table]: ends the job
       {
         std::lock_guard lock(mutex_);
         throw_if_stopped();
-        rejection = table_.add(entries, rank_, Clock::now());
-        if (!rejection) {
+        try {
+          rejection = table_.add(entries, rank_, Clock::now());
+        } catch (const NameInFlightOnAnotherThread& e) {
+          across_threads = e.what();
+        }
+        if (!rejection && across_threads.empty()) {
           if (log_enabled(LogLevel::debug))
             for (const auto& e : entries) log_submission(rank_, e->request);
           break;
         }
+      }
+      if (!across_threads.empty()) {
+        log(LogLevel::error, "{}", across_threads);
+        end_job(across_threads);
+        throw InvalidArgumentError(across_threads);
       }
       // A rejection is settled by the coordinator's answer within a round trip.
       try {
@@ -310,9 +334,31 @@ class Engine {
   EngineStats stats() const {
     EngineStats s = counters_.snapshot();
     s.buffer_allocations = executor_->buffer_allocations();
+    s.engine_cpu_ns = engine_cpu_ns();
     return s;
   }
 
+  // Note [Engine CPU time]
+  // Whether waiting for the peers is free shows in the engine thread's own CPU time: a thread that
+  // polls MPI while a collective crosses a slow link uses a whole core, one that sleeps between
+  // tests almost none (Note [Waiting for data collectives] in comm/request_wait.hpp). The kernel
+  // keeps a CPU-time clock per thread, read here from any thread in nanoseconds; the profiler
+  // records its increase per step and per sample, and dtrain-report compares it with the time
+  // the engine spent in collectives. Once the thread has ended, its last reading stands.
+  std::uint64_t engine_cpu_ns() const noexcept {
+    std::lock_guard lock(cpu_clock_mutex_);
+#if defined(__linux__)
+    if (!engine_thread_ended_) {
+      clockid_t clock;
+      timespec t{};
+      auto handle = const_cast<std::thread&>(thread_).native_handle();
+      if (pthread_getcpuclockid(handle, &clock) == 0 && clock_gettime(clock, &t) == 0)
+        engine_cpu_last_ = static_cast<std::uint64_t>(t.tv_sec) * 1000000000u +
+                           static_cast<std::uint64_t>(t.tv_nsec);
+    }
+#endif
+    return engine_cpu_last_;
+  }
 
  private:
   void throw_if_stopped() const {
@@ -412,6 +458,11 @@ class Engine {
   WaitPolicy wait_policy_;
 
   EngineCounters counters_;
+  // Note [Engine CPU time]: the last reading, and whether the thread has ended (set by the thread
+  // itself under the mutex, before it can be joined: its clock is gone after that).
+  mutable std::mutex cpu_clock_mutex_;
+  mutable std::uint64_t engine_cpu_last_ = 0;
+  bool engine_thread_ended_ = false;
   OpNamer namer_;  // Note [Generated names]: constructed on the thread that calls init()
 
   std::optional<PeerMonitor> monitor_;

@@ -31,6 +31,7 @@
   X(fused_tensors_executed)   /* tensors carried by such collectives */                      \
   X(negotiation_ns)           /* per op, from its submission to its response, summed */     \
   X(collective_ns)            /* time the engine thread spent executing collectives */       \
+  X(engine_cpu_ns)            /* CPU time the engine thread used (Note [Engine CPU time]) */ \
   X(responses)                /* rank 0: collectives emitted */                              \
   X(fused_tensors)            /* rank 0: tensors that shared a response with another */      \
   X(cache_hits)               /* rank 0: requests that arrived as cache ids */               \

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "dtrain/runtime/handle.hpp"
@@ -24,6 +25,7 @@ struct Entry {
   std::function<void(std::int32_t)> set_created;  // add_process_set: the new set's id
   void* stream = nullptr;            // device ops: producer stream
   std::chrono::steady_clock::time_point submitted;  // when the engine took it (negotiation time)
+  std::thread::id submitter;         // the thread that submitted it (Note [In-flight table])
   std::shared_ptr<OpState> state;
 };
 

@@ -25,6 +25,9 @@
 #include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/host_collectives.hpp"
+#include "dtrain/comm/pieces_in_flight.hpp"
+#include "dtrain/comm/request_wait.hpp"
+#include "dtrain/core/config.hpp"
 #include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/fusion_pipeline.hpp"
 #include "dtrain/runtime/op_key.hpp"
@@ -46,6 +49,17 @@ inline ScaleSplit split_scaling(ReduceOp op, DataType dtype, double prescale, do
   return {prescale, postscale};
 }
 
+// How a rank waits for its data collectives over a group whose host layout is `hierarchy`: with
+// sleeps of at most DTRAIN_WAIT_MAX_SLEEP_US where the group spans hosts, hot within one (Note
+// [Waiting for data collectives] in comm/request_wait.hpp). It changes no MPI call, only when this
+// rank makes its next one, so it need not be agreed.
+inline RequestWait data_wait(const Config& config, const HierarchyComms& hierarchy) {
+  if (!hierarchy.valid() || hierarchy.hosts < 2 || config.wait_max_sleep_us <= 0)
+    return RequestWait::hot();
+  return RequestWait::sleeping(std::chrono::duration_cast<RequestWait::Clock::duration>(
+      std::chrono::duration<double, std::micro>(config.wait_max_sleep_us)));
+}
+
 class HostBackend final : public Backend {
  public:
   using Clock = std::chrono::steady_clock;
@@ -61,6 +75,10 @@ class HostBackend final : public Backend {
     // Reduce large tensors of fused responses in their own memory: agreed by every rank at init
     // (Note [Direct segments]).
     bool direct_segments = false;
+    // How this rank waits for its requests on `comm`: with sleeps where it spans hosts (Note
+    // [Waiting for data collectives] in comm/request_wait.hpp).
+    RequestWait wait = RequestWait::hot();
+    int pieces_in_flight = 1;  // Config::mpi_pieces_in_flight (Note [Pieces in flight])
   };
   explicit HostBackend(Options o) : opt_(o) {
     MPI_Comm_rank(o.comm, &rank_);
@@ -107,7 +125,7 @@ class HostBackend final : public Backend {
 
   std::uint64_t buffer_allocations() const noexcept {
     return fusion_.allocations() + scratch_.allocations() + piece_.allocations() +
-           shard_.allocations();
+           pieces_.allocations();
   }
 
  private:
@@ -123,14 +141,26 @@ class HostBackend final : public Backend {
   // Reduces in place and multiplies the result by `factor` (Note [Scaled allreduce]).
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
               double factor) {
+    const int in_flight = opt_.pieces_in_flight;
     if (opt_.hierarchical) {
-      hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor);
+      hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor,
+                             opt_.wait, in_flight);
     } else if (shards_) {  // every rank has a core: shards pay (Note [Scaled allreduce])
-      host_allreduce_scaled(buf, n, dtype, op, factor, opt_.comm, chunk_elems, shard_);
+      host_allreduce_scaled(buf, n, dtype, op, factor, opt_.comm, chunk_elems, pieces_, opt_.wait,
+                            in_flight);
     } else {
-      host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems);
+      host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems, opt_.wait, in_flight);
       scale_in_place(dtype, buf, n, factor);
     }
+  }
+
+  // A piece of a fused job as PiecesInFlight runs it: scaled in shards where reduce() would.
+  PieceSpec fused_piece(const FusedJob& job, std::int64_t k, ReduceOp op) const {
+    const std::int64_t n = job.piece_numel(k);
+    const double factor = job.reduce_factor(k);
+    const bool ring =
+        shards_ && scaled_allreduce_shard_bytes(n, job.dtype, factor, size_, job.piece) > 0;
+    return PieceSpec{job.piece_data(k), n, job.dtype, op, factor, ring};
   }
 
   void allreduce(const Response& r, std::span<Entry* const> entries) {
@@ -187,11 +217,30 @@ class HostBackend final : public Backend {
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
-    pipeline_.run(job, [&](std::int64_t k) {
-      if (k == 0) reduce_begin = Clock::now();
-      reduce(job.piece_data(k), job.piece_numel(k), dtype, op, job.piece, job.reduce_factor(k));
-      if (k + 1 == pieces) reduce_end = Clock::now();
-    }, overlap_);
+    if (overlap_ || opt_.hierarchical) {
+      // A helper thread packs and unpacks around one piece at a time (Note [Fusion pipeline]); the
+      // hierarchy's steps run on three communicators, one piece at a time.
+      pipeline_.run(job, [&](std::int64_t k) {
+        if (k == 0) reduce_begin = Clock::now();
+        reduce(job.piece_data(k), job.piece_numel(k), dtype, op, job.piece, job.reduce_factor(k));
+        if (k + 1 == pieces) reduce_end = Clock::now();
+      }, overlap_);
+    } else {
+      // Each piece is packed as it starts and unpacked as it completes, with the next ones in
+      // flight meanwhile (Note [Pieces in flight]).
+      std::int64_t completed = 0;
+      pieces_.run(
+          pieces, [&](std::int64_t k) { return fused_piece(job, k, op); },
+          [&](std::int64_t k) {
+            job.copy_piece(k, CopyDirection::pack);
+            if (k == 0) reduce_begin = Clock::now();
+          },
+          [&](std::int64_t k) {
+            if (++completed == pieces) reduce_end = Clock::now();
+            job.copy_piece(k, CopyDirection::unpack);
+          },
+          opt_.comm, opt_.pieces_in_flight, opt_.wait);
+    }
     auto t3 = Clock::now();
     opt_.stats->add(Counter::fused_collectives);
     if (auto* tl = timeline()) {
@@ -210,10 +259,13 @@ class HostBackend final : public Backend {
   // step from allocating: steady-state steps grow no buffer.
   void reserve_shards_for_lone(const Response& r, DataType dtype, double lone_factor) {
     if (!shards_ || opt_.hierarchical) return;
+    const std::int64_t step = std::max<std::int64_t>(chunk(dtype), size_);
     std::size_t bytes = 0;
     for (std::int64_t n : r.numels)
-      bytes = std::max(bytes, scaled_allreduce_shard_bytes(n, dtype, lone_factor, size_, chunk(dtype)));
-    if (bytes > 0) shard_.reserve(bytes);
+      if (scaled_allreduce_shard_bytes(n, dtype, lone_factor, size_, chunk(dtype)) > 0)
+        bytes = std::max(bytes, PiecesInFlight::ring_bytes(std::min(step, n), dtype, size_,
+                                                           opt_.pieces_in_flight));
+    pieces_.reserve_ring(bytes);
   }
 
   void allgather(const Response& r, Entry* e) {
@@ -234,7 +286,8 @@ class HostBackend final : public Backend {
       out = scratch_.reserve(static_cast<std::size_t>(total_rows * row) * es);
     }
     auto t0 = Clock::now();
-    host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype));
+    host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype),
+                    opt_.wait);
     if (auto* tl = timeline(); tl && e)
       tl->span(timeline_row(r, 0), "MPI_ALLGATHER", t0, Clock::now());
   }
@@ -264,7 +317,7 @@ class HostBackend final : public Backend {
       at += n;
     }
     const auto t1 = Clock::now();
-    host_allgatherv_in_place(buf, gather_counts_, r.dtype, opt_.comm, chunk(r.dtype));
+    host_allgatherv_in_place(buf, gather_counts_, r.dtype, opt_.comm, chunk(r.dtype), opt_.wait);
     const auto t2 = Clock::now();
     gather_used_.assign(ranks, 0);  // elements of each rank's block taken by earlier tensors
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -303,15 +356,17 @@ class HostBackend final : public Backend {
     const std::int64_t n = r.numels[0];
     void* buf = e ? e->data : scratch_.reserve(static_cast<std::size_t>(n) * element_size(r.dtype));
     auto t0 = Clock::now();
-    host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype));
+    host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype), opt_.wait,
+                   opt_.pieces_in_flight);
     if (auto* tl = timeline(); tl && e) tl->span(timeline_row(r, 0), "MPI_BCAST", t0, Clock::now());
   }
 
   void alltoall(const Response& r, Entry* e) {
-    AlltoallCounts c = exchange_alltoall_counts(*e, size_, opt_.comm, "MPI_Alltoall");
+    AlltoallCounts c = exchange_alltoall_counts(*e, size_, opt_.comm, "MPI_Ialltoall", opt_.wait);
     void* out = e->make_output(c.out_shape);
     auto t0 = Clock::now();
-    host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype));
+    host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype),
+                   opt_.wait);
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_ALLTOALL", t0, Clock::now());
     e->set_received_splits(std::move(c.recv_rows));
   }
@@ -335,7 +390,8 @@ class HostBackend final : public Backend {
       send = tmp;
     }
     auto t0 = Clock::now();
-    host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype));
+    host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype),
+                        opt_.wait);
     scale_in_place(r.dtype, out, counts[rank_], effective_postscale(r));
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_REDUCESCATTER", t0, Clock::now());
   }
@@ -346,7 +402,7 @@ class HostBackend final : public Backend {
   HostBuffer scratch_;
   int ranks_on_host_ = 1;
   HostBuffer piece_;  // this rank's piece during a hierarchical allreduce
-  HostBuffer shard_;  // this rank's shard during a scaled allreduce (Note [Scaled allreduce])
+  PiecesInFlight pieces_;  // Note [Pieces in flight]; its ring memory (Note [Scaled allreduce])
   FusedJob job_;  // the fused allreduce being executed (Note [Direct segments])
   std::vector<std::int64_t> gather_counts_, gather_used_;  // a fused allgather's, reused
   FusionPipeline pipeline_;

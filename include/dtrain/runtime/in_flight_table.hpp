@@ -8,9 +8,18 @@
 // [Failed ops] in runtime/failed_ops.hpp) is settled by the coordinator within a round trip, so
 // its successor waits for that instead of failing. The table is not thread-safe: the engine holds
 // its mutex around every call.
+//
+// A second submission from the thread that made the first is refused on every rank alike: one
+// thread's program order is the same everywhere. From another thread it is not: which of two
+// threads gets there first differs from rank to rank, so each rank would refuse a different one
+// and the survivors would pair with each other, summing unrelated tensors with no error. So a name
+// in flight from another thread ends the job on every rank (NameInFlightOnAnotherThread; the
+// engine hands the cause to the coordinator), as an unnamed op from a foreign thread does (Note
+// [Generated names]). Names must differ between threads.
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -24,6 +33,12 @@
 
 namespace dtrain::detail {
 
+// A name submitted while an op of that name is in flight from another thread of this rank.
+class NameInFlightOnAnotherThread : public InvalidArgumentError {
+ public:
+  using InvalidArgumentError::InvalidArgumentError;
+};
+
 class InFlightTable {
  public:
   using Clock = std::chrono::steady_clock;
@@ -31,7 +46,8 @@ class InFlightTable {
   // Adds `entries` (all or none) and queues them for the engine thread. Returns the state of a
   // rejection of one of their names that is still being settled: nothing was added, and the caller
   // waits for it and tries again. Throws InvalidArgumentError for a name already in flight (or
-  // twice in `entries`) and for a second join.
+  // twice in `entries`) and for a second join; NameInFlightOnAnotherThread for a name in flight
+  // from another thread.
   std::shared_ptr<OpState> add(const std::vector<std::shared_ptr<Entry>>& entries, int rank,
                                Clock::time_point now) {
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -44,6 +60,15 @@ class InFlightTable {
       }
       auto it = by_name_.find(OpKey::of(q));
       if (it != by_name_.end() && !it->second->request.rejected.empty()) return it->second->state;
+      if (it != by_name_.end() && it->second->submitter != std::this_thread::get_id())
+        throw NameInFlightOnAnotherThread(fmt::format(
+            "dtrain: rank {}: two threads use the op name '{}'{}: it was submitted from one "
+            "thread while the same name, submitted from another, was still in flight. Which "
+            "thread's op pairs with which of a peer's depends on timing, so results could be "
+            "summed with unrelated tensors; dtrain stops on every rank. Ops submitted from "
+            "different threads must have different names (e.g. prefix each with its thread's "
+            "role).",
+            rank, q.name, set_text(q.process_set)));
       bool repeated = it != by_name_.end();
       for (std::size_t j = 0; j < i && !repeated; ++j)
         repeated = OpKey::of(entries[j]->request) == OpKey::of(q);
@@ -55,6 +80,7 @@ class InFlightTable {
     }
     for (const auto& e : entries) {
       e->submitted = now;
+      e->submitter = std::this_thread::get_id();
       if (e->request.kind == OpKind::join) joins_.emplace(e->request.process_set, e);
       else by_name_.emplace(OpKey::of(e->request), e);
       queued_.push_back(e);

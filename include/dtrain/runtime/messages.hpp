@@ -43,6 +43,9 @@ struct Response {
   std::int32_t process_set = 0;
   std::vector<std::int32_t> set_ranks;
   std::int32_t last_joined_rank = -1;   // join
+  // join: per OpKind, one past the highest generated count any member used on the set; members
+  // catch up to it (Note [Generated names] in runtime/op_names.hpp)
+  std::vector<std::uint64_t> name_counts;
   ErrorKind error = ErrorKind::none;
   std::string error_message;
   // An error applies to these ranks only (empty: to every rank): a rank whose submission of the
@@ -66,8 +69,8 @@ struct Response {
   static auto tie_fields(Self& s) {
     return std::tie(s.kind, s.names, s.numels, s.dtype, s.device, s.reduce_op, s.prescale,
                     s.postscale, s.root, s.shape, s.rank_rows, s.row_numels, s.active_ranks,
-                    s.process_set, s.set_ranks, s.last_joined_rank, s.error, s.error_message,
-                    s.error_ranks);
+                    s.process_set, s.set_ranks, s.last_joined_rank, s.name_counts, s.error,
+                    s.error_message, s.error_ranks);
   }
   friend bool operator==(const Response&, const Response&) = default;
 };

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
@@ -39,6 +40,13 @@
 
 namespace dtrain::detail {
 
+// Tests set it before dtrain::init() on some ranks: the n-th add_process_set this rank runs fails
+// after its MPI calls, as running out of communicators would (Note [Communicator limit]). 0: never.
+inline int& fail_set_creation_at() noexcept {
+  static int n = 0;
+  return n;
+}
+
 class ResponseExecutor {
  public:
   using Clock = std::chrono::steady_clock;
@@ -46,6 +54,8 @@ class ResponseExecutor {
   struct Context {
     int rank = 0;  // in the world
     const Config* config = nullptr;
+    double op_timeout_seconds = 0;        // agreed: Note [One op deadline]
+    const OwnPauses* own_pauses = nullptr;
     MPI_Comm data_comm = MPI_COMM_NULL;  // the world's
     HierarchyComms hierarchy;            // the world's
     std::vector<int> host_of_rank;       // world rank -> host index; empty: unknown
@@ -57,6 +67,12 @@ class ResponseExecutor {
     std::function<std::shared_ptr<Entry>(std::int32_t process_set)> take_join;
     // Process set `id` of world ranks `ranks` exists from now on (for the submitting threads).
     std::function<void(std::int32_t id, std::vector<int> ranks)> set_created;
+    // Process set `id` could not be made on every rank and does not exist.
+    std::function<void(std::int32_t id)> set_not_made;
+    // A join of `process_set` ended: generated names continue from `counts` (Note [Generated
+    // names] in runtime/op_names.hpp).
+    std::function<void(std::int32_t process_set, const std::vector<std::uint64_t>& counts)>
+        names_caught_up;
   };
 
   ResponseExecutor(Context context, const HostBackend::Options& host)
@@ -86,10 +102,7 @@ class ResponseExecutor {
     for (auto& [id, run] : sets_) {
       run.device.reset();
       run.host.reset();
-      if (!run.owns_comms) continue;
-      if (run.hierarchy.local != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.local);
-      if (run.hierarchy.cross != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.cross);
-      if (run.data != MPI_COMM_NULL) MPI_Comm_free(&run.data);
+      free_comms(run);
     }
     sets_.clear();
   }
@@ -104,6 +117,8 @@ class ResponseExecutor {
     SetRun& run = set->second;
     if (!r.applies_to(ctx_.rank)) return;
     if (r.kind == OpKind::join) {
+      // Before join() returns: the next unnamed op pairs as on every other member.
+      if (ctx_.names_caught_up) ctx_.names_caught_up(r.process_set, r.name_counts);
       std::shared_ptr<Entry> j = ctx_.take_join(r.process_set);
       if (!j) return;
       if (r.error != ErrorKind::none) {
@@ -126,32 +141,34 @@ class ResponseExecutor {
     for (auto& e : owned) entries_.push_back(e.get());
     Backend* backend = run.host.get();
     if (r.device.is_cuda()) backend = device_backend(run);
-    ctx_.watchdog->executing(r.names.empty() ? std::string() : r.names.front(), to_string(r.kind), &owned);
     const auto started = Clock::now();
-    try {
-      backend->execute(r, entries_, arrival);
-    } catch (const TimeoutError& ex) {
-      // The device path aborted its communicator at the deadline: this rank's engine cannot go on.
-      const std::string what = fmt::format("dtrain: {} '{}' on rank {} timed out: {}",
-                                           r.kind, r.names.empty() ? "" : r.names.front(),
-                                           ctx_.rank, ex.what());
-      for (auto& e : owned)
-        if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
-      ctx_.watchdog->finished();
-      throw;  // run() fails every other op with this root cause
-    } catch (const std::exception& ex) {
-      // The peers are inside (or past) the same collective; this rank cannot rejoin it, and
-      // returning would leave them blocked. Fail loudly instead of hanging the job.
-      const std::string what = fmt::format(
-          "dtrain: rank {} failed while executing {} '{}': {}. The other ranks are inside the same "
-          "collective and cannot be released; aborting the job.",
-          ctx_.rank, r.kind, r.names.empty() ? "" : r.names.front(), ex.what());
-      log(LogLevel::fatal, "{}", what);
-      for (auto& e : owned)
-        if (e) e->state->complete(std::make_exception_ptr(CommunicationError(what)));
-      MPI_Abort(MPI_COMM_WORLD, 1);
+    {
+      Watchdog::Scope watched(*ctx_.watchdog, r.names.empty() ? std::string() : r.names.front(),
+                              to_string(r.kind), &owned);
+      try {
+        backend->execute(r, entries_, arrival);
+      } catch (const TimeoutError& ex) {
+        // The device path aborted its communicator at the deadline: this rank's engine cannot go
+        // on.
+        const std::string what = fmt::format("dtrain: {} '{}' on rank {} timed out: {}",
+                                             r.kind, r.names.empty() ? "" : r.names.front(),
+                                             ctx_.rank, ex.what());
+        for (auto& e : owned)
+          if (e) e->state->complete(std::make_exception_ptr(TimeoutError(what)));
+        throw;  // run() fails every other op with this root cause
+      } catch (const std::exception& ex) {
+        // The peers are inside (or past) the same collective; this rank cannot rejoin it, and
+        // returning would leave them blocked. Fail loudly instead of hanging the job.
+        const std::string what = fmt::format(
+            "dtrain: rank {} failed while executing {} '{}': {}. The other ranks are inside the "
+            "same collective and cannot be released; aborting the job.",
+            ctx_.rank, r.kind, r.names.empty() ? "" : r.names.front(), ex.what());
+        log(LogLevel::fatal, "{}", what);
+        for (auto& e : owned)
+          if (e) e->state->complete(std::make_exception_ptr(CommunicationError(what)));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
     }
-    ctx_.watchdog->finished();
     count_completed(r, owned, arrival, started);
     for (auto& e : owned)
       if (e) e->state->complete();
@@ -225,6 +242,8 @@ class ResponseExecutor {
                                    "<dtrain/cuda.hpp> and link dtrain::cuda");
       BackendContext ctx;
       ctx.config = ctx_.config;
+      ctx.op_timeout_seconds = ctx_.op_timeout_seconds;
+      ctx.own_pauses = ctx_.own_pauses;
       ctx.data_comm = run.data;
       ctx.hierarchy = run.hierarchy;
       ctx.stats = ctx_.counters;
@@ -236,7 +255,8 @@ class ResponseExecutor {
 
   // Runs add_process_set: every rank of the world splits the world's data communicator (one
   // collective, in the coordinator's order like any other), members keep the part that is theirs
-  // and, where the engine knows the hosts, split it by host for hierarchical allreduce.
+  // and, where the engine knows the hosts, split it by host for hierarchical allreduce. Whether
+  // every rank made its communicators is then agreed (Note [Communicator limit]).
   void create_set(const Response& r) {
     // An error for other ranks' submissions leaves this rank's own in flight (Note [Failed ops]).
     if (!r.applies_to(ctx_.rank)) return;
@@ -247,28 +267,84 @@ class ResponseExecutor {
     }
     const bool member = std::binary_search(r.set_ranks.begin(), r.set_ranks.end(), ctx_.rank);
     std::vector<std::shared_ptr<Entry>> owned{e};
-    ctx_.watchdog->executing(r.names.front(), to_string(r.kind), &owned);
+    Watchdog::Scope watched(*ctx_.watchdog, r.names.front(), to_string(r.kind), &owned);
     SetRun run;
-    mpi_check(MPI_Comm_split(ctx_.data_comm, member ? 0 : MPI_UNDEFINED, ctx_.rank, &run.data),
-              "MPI_Comm_split (add_process_set)");
+    run.owns_comms = true;
+    std::string failure;
+    try {
+      mpi_check(MPI_Comm_split(ctx_.data_comm, member ? 0 : MPI_UNDEFINED, ctx_.rank, &run.data),
+                "MPI_Comm_split (add_process_set)");
+      if (member) {
+        MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
+        if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
+          run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
+      }
+      if (++sets_created_ == fail_set_creation_at())
+        throw Error(fmt::format("MPI_Comm_split (add_process_set) failed: {}",
+                                "injected failure (fail_set_creation_at)"));
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    }
+    const std::string why = agree_on_set_creation(r, failure);
+    if (!why.empty()) {
+      free_comms(run);
+      if (ctx_.set_not_made) ctx_.set_not_made(r.process_set);
+      if (e) e->state->complete(std::make_exception_ptr(Error(why)));
+      return;
+    }
     if (member) {
-      MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
-      run.owns_comms = true;
-      if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
-        run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
       HostBackend::Options o = host_options_;
       o.comm = run.data;
       o.hierarchy = run.hierarchy;
       o.pipeline = pipeline_;
       o.hierarchical = hierarchical_ && run.hierarchy.valid();
+      if (run.hierarchy.valid() && ctx_.config) o.wait = data_wait(*ctx_.config, run.hierarchy);
       run.host = std::make_unique<HostBackend>(o);
       sets_.emplace(r.process_set, std::move(run));
     }
-    ctx_.watchdog->finished();
     ctx_.set_created(r.process_set, std::vector<int>(r.set_ranks.begin(), r.set_ranks.end()));
     if (!e) return;
     if (e->set_created) e->set_created(r.process_set);
     e->state->complete();
+  }
+
+  // Note [Communicator limit]
+  // An MPI library holds a bounded number of communicators per process (MPICH 4: 2048 context
+  // ids), and each process set takes one on its members, three where the hosts are known (its own,
+  // its in-host and its cross-host one). Past the limit MPI_Comm_split fails; MPICH agrees on a
+  // new communicator's id with an allreduce inside the call, so every rank fails it together. A
+  // creation that fails must fail on every rank, with the cause, and leave the engine running:
+  // the ranks agree (one allgather of a flag on the world's data communicator) whether each made
+  // its communicators, and if any did not, every rank frees what it made and fails the op.
+  std::string agree_on_set_creation(const Response& r, const std::string& failure) {
+    const int failed = failure.empty() ? 0 : 1;
+    int size = 1;
+    MPI_Comm_size(ctx_.data_comm, &size);
+    std::vector<int> flags(static_cast<std::size_t>(size));
+    MPI_Request request = MPI_REQUEST_NULL;
+    mpi_check(MPI_Iallgather(&failed, 1, MPI_INT, flags.data(), 1, MPI_INT, ctx_.data_comm,
+                             &request),
+              "MPI_Iallgather (add_process_set)");
+    host_options_.wait.wait(request, "MPI_Iallgather (add_process_set)");
+    std::vector<int> failing;
+    for (int k = 0; k < size; ++k)
+      if (flags[static_cast<std::size_t>(k)]) failing.push_back(k);
+    if (failing.empty()) return {};
+    return fmt::format(
+        "dtrain: add_process_set([{}]) failed: MPI could not create the set's communicators on "
+        "ranks [{}]{}. MPI libraries hold a limited number of communicators per process (MPICH: "
+        "2048), and each process set takes one, or three where dtrain knows the hosts; this was "
+        "add_process_set call {} of this job. Process sets live until dtrain::shutdown(): create "
+        "the sets you need once and reuse them.",
+        fmt::join(r.set_ranks, ", "), fmt::join(failing, ", "),
+        failed ? fmt::format(" (here: {})", failure) : std::string(), sets_created_);
+  }
+
+  static void free_comms(SetRun& run) noexcept {
+    if (!run.owns_comms) return;
+    if (run.hierarchy.local != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.local);
+    if (run.hierarchy.cross != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.cross);
+    if (run.data != MPI_COMM_NULL) MPI_Comm_free(&run.data);
   }
 
   Context ctx_;
@@ -277,6 +353,7 @@ class ResponseExecutor {
   bool hierarchical_ = false;          // asked for; a set's backend also needs host communicators
   std::map<std::int32_t, SetRun> sets_;  // the sets this rank is a member of, by id
   std::vector<Entry*> entries_;  // of the response being executed, reused
+  int sets_created_ = 0;         // add_process_set responses run, failed ones included
 };
 
 }  // namespace dtrain::detail

@@ -13,10 +13,12 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "dtrain/comm/gather_text.hpp"
 #include "dtrain/comm/mpi_datatype.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/config_knobs.hpp"
@@ -77,10 +79,43 @@ inline void install_exit_hook() {
 #endif
 }
 
-inline void init_impl(const Config& config, int* argc, char*** argv, bool explicit_config) {
+// Note [Settings invalid on some ranks]
+// A setting that one rank's environment gives wrongly (DTRAIN_OP_TIMEOUT_SECONDS=bogus on one host)
+// fails that rank's init(). Thrown there before MPI starts, it leaves the other ranks waiting in
+// init() for a peer that never comes, until the launcher is killed. So init() starts MPI whatever
+// the settings, and the ranks first agree on whether every rank's settings are valid (one
+// allgather of each rank's error text): if any is not, init() fails on every rank at once, naming
+// the ranks and their errors.
+inline std::string agree_on_valid_settings(const std::string& invalid, MPI_Comm world) {
+  const std::vector<std::string> all = allgather_text(invalid, world);
+  std::vector<int> ranks;
+  std::string details;
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].empty()) continue;
+    ranks.push_back(static_cast<int>(r));
+    details += fmt::format("\n  rank {}: {}", r, all[r]);
+  }
+  if (ranks.empty()) return {};
+  if (all.size() == 1) return invalid;
+  return fmt::format("dtrain::init(): the settings of ranks [{}] are invalid, so dtrain does not "
+                     "start on any rank:{}",
+                     fmt::join(ranks, ", "), details);
+}
+
+// `invalid`: why `config` could not be read or is not valid on this rank ("" when it is).
+inline void init_impl(const Config& config, int* argc, char*** argv, bool explicit_config,
+                      std::string invalid = {}) {
   auto& l = lifecycle();
   std::lock_guard lock(l.init_mutex);
+  if (invalid.empty()) {
+    try {
+      config.validate();
+    } catch (const InvalidArgumentError& e) {
+      invalid = e.what();
+    }
+  }
   if (auto rt = running_runtime()) {
+    if (!invalid.empty()) throw InvalidArgumentError(invalid);
     // Already initialized: nothing to do, unless different settings were asked for explicitly.
     if (!explicit_config) return;
     const auto differences = config_differences(rt->config, config);
@@ -90,8 +125,7 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
         "dtrain::shutdown() first to restart it with new settings.",
         fmt::join(differences, "\n  ")));
   }
-  config.validate();
-  set_log_level(config.log_level);
+  if (invalid.empty()) set_log_level(config.log_level);
 
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -143,9 +177,12 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
   mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &rt->world), "MPI_Comm_dup");
   MPI_Comm_set_errhandler(rt->world, MPI_ERRORS_RETURN);
   half_ops().create();
-  rt->topology = make_topology(rt->world, config.host_id);
-  log_rank.store(rt->topology.rank);
   try {
+    // Note [Settings invalid on some ranks]
+    if (auto why = agree_on_valid_settings(invalid, rt->world); !why.empty())
+      throw InvalidArgumentError(why);
+    rt->topology = make_topology(rt->world, config.host_id);
+    log_rank.store(rt->topology.rank);
     // Before the engine: DTRAIN_PROFILE profiles the job from here (Note [Profile hooks]).
     open_job_profile(config, rt->world, rt->topology);
     rt->engine = std::make_unique<Engine>(config, rt->world, &rt->topology);
@@ -238,10 +275,23 @@ inline void shutdown_impl(bool inside_mpi_finalize) {
 
 }  // namespace detail
 
-DTRAIN_API void init() { detail::init_impl(Config::from_env(), nullptr, nullptr, false); }
-DTRAIN_API void init(int& argc, char**& argv) {
-  detail::init_impl(Config::from_env(), &argc, &argv, false);
+namespace detail {
+// The environment's settings; an invalid one is agreed on with the peers before init() fails
+// (Note [Settings invalid on some ranks]).
+inline void init_from_env(int* argc, char*** argv) {
+  Config config;
+  std::string invalid;
+  try {
+    config = Config::from_env();
+  } catch (const InvalidArgumentError& e) {
+    invalid = e.what();
+  }
+  init_impl(config, argc, argv, false, std::move(invalid));
 }
+}  // namespace detail
+
+DTRAIN_API void init() { detail::init_from_env(nullptr, nullptr); }
+DTRAIN_API void init(int& argc, char**& argv) { detail::init_from_env(&argc, &argv); }
 DTRAIN_API void init(const Config& config) { detail::init_impl(config, nullptr, nullptr, true); }
 DTRAIN_API void init(const Config& config, int& argc, char**& argv) {
   detail::init_impl(config, &argc, &argv, true);

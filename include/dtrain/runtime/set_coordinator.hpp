@@ -22,6 +22,7 @@
 #include "dtrain/runtime/join_tracker.hpp"
 #include "dtrain/runtime/messages.hpp"
 #include "dtrain/runtime/op_key.hpp"
+#include "dtrain/runtime/op_names.hpp"
 #include "dtrain/runtime/ready_op.hpp"
 #include "dtrain/runtime/response_cache.hpp"
 #include "dtrain/runtime/set_members.hpp"
@@ -54,6 +55,7 @@ class SetCoordinator {
 
   // Member `r` submitted `q`, an op of this set.
   void add_request(int r, Request q, Clock::time_point now) {
+    count_generated_name(q);
     if (q.kind == OpKind::join) {
       add_join(r, now);
       return;
@@ -114,7 +116,10 @@ class SetCoordinator {
     fail_ops_waiting_for_shut_down_ranks(now);
     time_out_ops(now);
     if (!ready_.empty() && due(now)) plan(msg, seq);
-    if (auto join = join_.conclude(now, *sh_.shut_down)) msg.responses.push_back(std::move(*join));
+    if (auto join = join_.conclude(now, *sh_.shut_down)) {
+      join->name_counts.assign(generated_.begin(), generated_.end());
+      msg.responses.push_back(std::move(*join));
+    }
   }
 
   // When poll_into() has something time-driven to do (a batching window closing, a stall check,
@@ -183,6 +188,14 @@ class SetCoordinator {
   Clock::duration op_timeout() const {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(opt().op_timeout_seconds));
+  }
+
+  // Note [Generated names] in runtime/op_names.hpp: a group's members carry the group's name.
+  void count_generated_name(const Request& q) {
+    const auto generated = parse_generated_name(q.group.empty() ? q.name : q.group);
+    if (!generated) return;
+    std::uint64_t& next = generated_[static_cast<std::size_t>(generated->first)];
+    next = std::max(next, generated->second + 1);
   }
 
   void add_join(int r, Clock::time_point now) {
@@ -374,6 +387,7 @@ class SetCoordinator {
   std::int64_t ready_bytes_ = 0;
   Clock::time_point first_ready_;
   StallInspector stall_;
+  NameCounts generated_{};  // per kind: one past the highest generated count seen on this set
 };
 
 }  // namespace dtrain::detail

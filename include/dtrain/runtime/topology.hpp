@@ -8,14 +8,20 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtrain/comm/gather_text.hpp"
 #include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/mpi_error.hpp"
+#include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
 
@@ -98,6 +104,24 @@ inline Topology make_topology(MPI_Comm world, const std::string& host_id_overrid
   MPI_Comm_rank(world, &t.rank);
   MPI_Comm_size(world, &t.size);
 
+  // DTRAIN_HOST_ID replaces the shared-memory split below, itself collective: set on some ranks
+  // only, the ranks would make different MPI calls (a hang, or "Message truncated").
+  const int overridden = host_id_override.empty() ? 0 : 1;
+  std::vector<int> overrides(static_cast<std::size_t>(t.size));
+  mpi_check(MPI_Allgather(&overridden, 1, MPI_INT, overrides.data(), 1, MPI_INT, world),
+            "MPI_Allgather");
+  if (std::adjacent_find(overrides.begin(), overrides.end(), std::not_equal_to<>()) !=
+      overrides.end()) {
+    std::vector<int> set, unset;
+    for (int r = 0; r < t.size; ++r)
+      (overrides[static_cast<std::size_t>(r)] ? set : unset).push_back(r);
+    throw InvalidArgumentError(fmt::format(
+        "dtrain::init(): DTRAIN_HOST_ID is set on ranks [{}] but not on ranks [{}]. It names "
+        "each rank's host in place of the host's own name, so it must be set on every rank or "
+        "on none (dtrainrun forwards DTRAIN_* variables to every rank; in a Config, set host_id "
+        "on every rank).",
+        fmt::join(set, ", "), fmt::join(unset, ", ")));
+  }
   // Identify each rank's host: the override string, else the host name refined by the
   // shared-memory split (two containers can share a host name without sharing memory).
   int shm_leader = t.rank;
@@ -112,22 +136,11 @@ inline Topology make_topology(MPI_Comm world, const std::string& host_id_overrid
   }
   std::string id = host_id_override.empty() ? host_name() + "#" + std::to_string(shm_leader)
                                             : host_id_override;
-  // Whole ids, whatever their length: a fixed-size slot would merge hosts whose names differ only
-  // past its end.
-  const int length = static_cast<int>(id.size());
-  std::vector<int> lengths(t.size), offsets(t.size, 0);
-  mpi_check(MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, world),
-            "MPI_Allgather");
-  for (int r = 1; r < t.size; ++r) offsets[r] = offsets[r - 1] + lengths[r - 1];
-  std::vector<char> all(static_cast<std::size_t>(offsets.back()) + lengths.back());
-  mpi_check(MPI_Allgatherv(id.data(), length, MPI_CHAR, all.data(), lengths.data(),
-                           offsets.data(), MPI_CHAR, world),
-            "MPI_Allgatherv");
-
+  const std::vector<std::string> ids = allgather_text(id, world);
   std::vector<std::string> hosts;  // in order of first appearance = lowest world rank
   t.host_of_rank.resize(t.size);
   for (int r = 0; r < t.size; ++r) {
-    std::string h(all.data() + offsets[r], static_cast<std::size_t>(lengths[r]));
+    const std::string& h = ids[static_cast<std::size_t>(r)];
     t.host_names.push_back(display_host(h));
     auto it = std::find(hosts.begin(), hosts.end(), h);
     t.host_of_rank[r] = static_cast<int>(it - hosts.begin());

@@ -29,6 +29,7 @@
 #include "dtrain/runtime/entry.hpp"
 #include "dtrain/runtime/op_state.hpp"
 #include "dtrain/runtime/liveness.hpp"
+#include "dtrain/runtime/op_deadline.hpp"
 
 namespace dtrain::detail {
 
@@ -62,8 +63,27 @@ class Watchdog {
     owned_ = nullptr;
   }
 
+  // executing() until the scope ends, however it ends: the watchdog never keeps `owned` past it.
+  class Scope {
+   public:
+    Scope(Watchdog& w, std::string name, std::string_view kind,
+          std::vector<std::shared_ptr<Entry>>* owned)
+        : w_(w) {
+      w_.executing(std::move(name), kind, owned);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    ~Scope() { w_.finished(); }
+
+   private:
+    Watchdog& w_;
+  };
+
   // A peer died or left: MPI calls that involve every rank may never return.
   bool peer_lost() const noexcept { return peer_lost_.load(); }
+
+  // This process's own pauses so far (Note [Own pauses]), for the deadlines of the device paths.
+  const OwnPauses& own_pauses() const noexcept { return pauses_; }
 
   void stop() {
     if (!thread_.joinable()) return;
@@ -92,6 +112,7 @@ class Watchdog {
       last_wake = now;
       last_waited = waited;
       if (paused > Clock::duration::zero()) {
+        pauses_.add(paused);  // the device paths' deadlines read it (Note [One op deadline])
         if (!executing_.empty()) started_ += paused;
         log(LogLevel::info, "dtrain: rank {} was not running for {:.1f} s (stopped, or its machine "
             "was); that time is not counted against its peers or its op", rank_,
@@ -201,6 +222,7 @@ class Watchdog {
   bool timed_out_ = false;
   bool stop_ = false;
   std::atomic<bool> peer_lost_{false};
+  OwnPauses pauses_;
   std::thread thread_;  // last: starts once everything above is initialized
 };
 
