@@ -10,7 +10,9 @@
 #include <span>
 #include <vector>
 
+#include "dtrain/comm/pieces_in_flight.hpp"
 #include "dtrain/runtime/fusion_pipeline.hpp"
+#include "dtrain/tensor/traits.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {
@@ -27,6 +29,18 @@ extern "C" int MPI_Iallgatherv(const void* send, int count, MPI_Datatype send_ty
                                MPI_Comm comm, MPI_Request* request) {
   reduce_scatter_calls.fetch_add(1);
   return PMPI_Iallgatherv(send, count, send_type, recv, counts, displs, recv_type, comm, request);
+}
+// DTRAIN_MPI_NONBLOCKING=0 (the default) posts the same pieces as the blocking calls.
+extern "C" int MPI_Allgatherv(const void* send, int count, MPI_Datatype send_type, void* recv,
+                              const int counts[], const int displs[], MPI_Datatype recv_type,
+                              MPI_Comm comm) {
+  reduce_scatter_calls.fetch_add(1);
+  return PMPI_Allgatherv(send, count, send_type, recv, counts, displs, recv_type, comm);
+}
+extern "C" int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type,
+                             MPI_Op op, MPI_Comm comm) {
+  allreduce_calls.fetch_add(1);
+  return PMPI_Allreduce(send, recv, count, type, op, comm);
 }
 extern "C" int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type,
                               MPI_Op op, MPI_Comm comm, MPI_Request* request) {
@@ -251,4 +265,46 @@ TEST_CASE("hierarchical allreduce scales the piece it copies back") {
   api_case<dtrain::float16_t>({300007}, {.op = ReduceOp::Sum, .postscale = 0.25},
                               "hierarchical float16 postscale");
   dtrain::shutdown();
+}
+
+// A piece whose collective is still in flight has not progressed: a caller told otherwise never
+// paces its waiting, and the engine thread polled a whole core while a slow link carried the data
+// (Note [Waiting for data collectives]). The last rank holds its piece back until every other rank
+// has asked twice, so their allreduces cannot complete meanwhile.
+TEST_CASE_TEMPLATE("a piece in flight reports progress only when it takes a step", T, float, double) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) return;
+  for (const double factor : {1.0, 0.5}) {  // one Iallreduce; a ring and an Iallgatherv
+    CAPTURE(factor);
+    const std::int64_t n = 100003;
+    std::vector<T> data(static_cast<std::size_t>(n), T(1));
+    std::vector<T> incoming(static_cast<std::size_t>(n / size + 1));
+    const dtrain::detail::PieceSpec spec{data.data(), n, dtrain::dtype_of<T>, ReduceOp::Sum,
+                                         factor, factor != 1.0};
+    using Progress = dtrain::detail::PieceAllreduce::Progress;
+    dtrain::detail::PieceAllreduce piece;
+    std::int64_t turn = 0;
+    const bool last = rank == size - 1;
+    if (!last) {
+      piece.start(spec, 0, 7, incoming.data(), MPI_COMM_WORLD, rank, size);
+      const Progress first = piece.advance(turn);
+      // An Iallreduce cannot complete without the last rank: posted, then nothing. (A ring's
+      // first steps may complete between ranks that are both here, so only its end is checked.)
+      if (!spec.ring) {
+        CHECK(first == Progress::stepped);
+        CHECK(piece.advance(turn) == Progress::none);
+        CHECK(piece.advance(turn) == Progress::none);
+      }
+    }
+    MPI_Barrier(MPI_COMM_WORLD);  // the others asked; only now may the last rank join
+    if (last) piece.start(spec, 0, 7, incoming.data(), MPI_COMM_WORLD, rank, size);
+    Progress p = Progress::none;
+    while ((p = piece.advance(turn)) != Progress::complete) {
+    }
+    CHECK_FALSE(piece.active());
+    CHECK(static_cast<double>(data[0]) == size * factor);
+    CHECK(static_cast<double>(data[static_cast<std::size_t>(n - 1)]) == size * factor);
+  }
 }

@@ -68,8 +68,9 @@ class PieceAllreduce {
   // `tag`; `incoming` holds a ring part (ring pieces only). Nothing is posted yet but ring
   // exchanges; advance() posts the rest.
   void start(const PieceSpec& spec, std::int64_t index, int tag, void* incoming, MPI_Comm comm,
-             int rank, int size) {
+             int rank, int size, bool blocking = false) {
     spec_ = spec;
+    blocking_ = blocking;
     index_ = index;
     tag_ = tag;
     incoming_ = incoming;
@@ -102,6 +103,7 @@ class PieceAllreduce {
   // of the next piece allowed to post its collective, advanced when this one posts. `complete`
   // once the piece is done (then it is idle again).
   Progress advance(std::int64_t& turn) {
+    bool posted = false;  // a step taken in this call, though the piece is not done
     switch (phase_) {
       case Phase::idle: return Progress::none;
       case Phase::ring:
@@ -112,15 +114,19 @@ class PieceAllreduce {
           return Progress::stepped;
         }
         phase_ = Phase::awaiting_turn;
+        posted = true;
         [[fallthrough]];
       case Phase::awaiting_turn:
-        if (turn != index_) return Progress::none;
+        if (turn != index_) return posted ? Progress::stepped : Progress::none;
         post_collective();
         ++turn;
         phase_ = Phase::collective;
+        posted = true;
         [[fallthrough]];
       case Phase::collective:
-        if (!test()) return Progress::stepped;
+        // Only a step taken counts as progress: a collective still in flight is not, or the
+        // caller would never pace its waiting (Note [Waiting for data collectives]).
+        if (!test()) return posted ? Progress::stepped : Progress::none;
         if (!spec_.ring || size_ < 2)
           scale_in_place(spec_.dtype, spec_.buf, spec_.n, spec_.factor);
         phase_ = Phase::idle;
@@ -169,6 +175,18 @@ class PieceAllreduce {
 
   void post_collective() {
     const MPI_Datatype type = mpi_datatype(spec_.dtype);
+    if (blocking_) {  // DTRAIN_MPI_NONBLOCKING=0: MPI waits inside its call; test() is then done
+      if (spec_.ring && size_ >= 2)
+        mpi_check(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, spec_.buf, counts_.data(),
+                                 displs_.data(), type, comm_),
+                  "MPI_Allgatherv");
+      else if (size_ > 1)
+        mpi_check(MPI_Allreduce(MPI_IN_PLACE, spec_.buf, static_cast<int>(spec_.n), type,
+                                mpi_op(spec_.op, spec_.dtype), comm_),
+                  "MPI_Allreduce");
+      requests_ = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      return;
+    }
     if (spec_.ring && size_ >= 2) {
       mpi_check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, spec_.buf, counts_.data(),
                                 displs_.data(), type, comm_, &requests_[0]),
@@ -182,6 +200,7 @@ class PieceAllreduce {
   }
 
   PieceSpec spec_;
+  bool blocking_ = false;
   std::int64_t index_ = 0;
   int tag_ = 0;
   void* incoming_ = nullptr;
@@ -243,7 +262,7 @@ class PiecesInFlight {
         before(next);
         void* incoming = ring ? ring + static_cast<std::size_t>(s) * part_bytes : nullptr;
         slots_[s].start(spec(next), next, static_cast<int>(next % kTagSpan), incoming, comm, rank,
-                        size);
+                        size, wait.blocking_allreduce);
         slot_piece_[s] = next++;
         moved = true;
       }
