@@ -36,6 +36,13 @@ extern "C" int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datat
   if (recording.load()) allreduce_calls.fetch_add(1);
   return PMPI_Iallreduce(send, recv, count, type, op, comm, request);
 }
+// DTRAIN_MPI_NONBLOCKING=0 (the default) posts allreduce pieces as the blocking call.
+extern "C" int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op,
+                             MPI_Comm comm) {
+  record(max_allreduce_bytes, count, type);
+  if (recording.load()) allreduce_calls.fetch_add(1);
+  return PMPI_Allreduce(send, recv, count, type, op, comm);
+}
 extern "C" int MPI_Ibcast(void* buf, int count, MPI_Datatype type, int root, MPI_Comm comm,
                           MPI_Request* request) {
   record(max_bcast_bytes, count, type);

@@ -176,8 +176,9 @@ void run_every_kind() {
   }
 }
 
-void check_no_blocking_call(const Config& config, const std::string& what) {
+void check_no_blocking_call(Config config, const std::string& what) {
   CAPTURE(what);
+  config.mpi_nonblocking = true;  // DTRAIN_MPI_NONBLOCKING=1
   test::Initialized dt(config);
   run_every_kind();  // warm up: the first use of a communicator may set things up
   blocking_calls = 0;
@@ -202,6 +203,26 @@ TEST_CASE("every data collective is posted nonblocking: one host, two hosts, hie
   Config hierarchical = two_hosts;
   hierarchical.hierarchical_allreduce = true;
   check_no_blocking_call(hierarchical, "two hosts, hierarchical");
+}
+
+TEST_CASE("DTRAIN_MPI_NONBLOCKING=0: allreduce pieces are MPI's blocking calls, same results") {
+  if (world_size() < 2) return;
+  for (const bool two_hosts : {false, true}) {
+    Config c = Config::from_env();
+    c.mpi_nonblocking = false;
+    if (two_hosts) c.host_id = fmt::format("emulated-{}", world_rank() % 2);
+    CAPTURE(two_hosts);
+    test::Initialized dt(c);
+    run_every_kind();
+    blocking_calls = 0;
+    recording = true;
+    run_every_kind();  // checks every result against its closed form
+    std::vector<float> average(300007, static_cast<float>(world_rank()));  // a ring piece
+    allreduce(average, {.op = ReduceOp::Average});
+    recording = false;
+    CHECK(average.front() == doctest::Approx((world_size() - 1) / 2.0).epsilon(1e-6));
+    CHECK(blocking_calls.load() > 0);
+  }
 }
 
 TEST_CASE("pieces in flight: small pieces, one to several at once, the same results") {

@@ -357,6 +357,7 @@ TEST_CASE("settings that shape MPI calls must agree: init fails on every rank, n
       {"DTRAIN_MPI_CHUNK_BYTES", [](Config& c) { c.mpi_chunk_bytes = 4096; }},
       {"DTRAIN_HIERARCHICAL_ALLREDUCE", [](Config& c) { c.hierarchical_allreduce = !c.hierarchical_allreduce; }},
       {"DTRAIN_NUM_NCCL_STREAMS", [](Config& c) { c.num_nccl_streams = 3; }},
+      {"DTRAIN_MPI_NONBLOCKING", [](Config& c) { c.mpi_nonblocking = !c.mpi_nonblocking; }},
   };
   for (const auto& k : cases) {
     CAPTURE(k.variable);

@@ -100,6 +100,8 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return c.mpi_pieces_in_flight == 4; }, {"0", "17", "two"}},
       {"WAIT_MAX_SLEEP_US", [](const Config& c) { return c.wait_max_sleep_us == 500; }, "0",
        [](const Config& c) { return c.wait_max_sleep_us == 0; }, {"-1", "100001", "nan"}},
+      {"MPI_NONBLOCKING", [](const Config& c) { return !c.mpi_nonblocking; }, "1",
+       [](const Config& c) { return c.mpi_nonblocking; }, {"2"}},
       {"FUSION_PIPELINE", [](const Config& c) { return c.fusion_pipeline; }, "off",
        [](const Config& c) { return !c.fusion_pipeline; }, {"2"}},
       {"HOST_ID", [](const Config& c) { return c.host_id.empty(); }, "node-a",
@@ -129,7 +131,7 @@ TEST_CASE("the test table covers every setting") {
   std::set<std::string> tested;
   for (const KnobCase& k : knob_cases()) tested.insert(k.suffix);
   CHECK(known == tested);
-  CHECK(known.size() == 28);
+  CHECK(known.size() == 29);
 }
 
 TEST_CASE("an empty environment gives the documented defaults, which validate") {

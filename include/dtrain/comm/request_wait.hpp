@@ -15,6 +15,15 @@
 // in docs/scaling.md). Within a host MPI moves the bytes itself, through shared memory, during its
 // progress calls: a sleeping rank stalls its peer. So only communicators that span hosts wait with
 // sleeps; within a host the wait stays hot, as MPI's own blocking calls are.
+// Measured across two namespace hosts, each rank pinned to its core (docs/scaling.md, "wait"): a
+// rank waiting this way for a 64 MiB allreduce over 400 Mbit/s uses about 0.1 core instead of
+// 1.0, and compute beside it runs about 1.13x as long as alone instead of 2x. But MPICH 4.0.2's
+// nonblocking allreduce over UCX's TCP transport carries the link at about two thirds of the
+// rate its blocking MPI_Allreduce reaches (2.1 s against 1.44 s), hot or sleeping, whichever
+// algorithm, and ResNet-18 across two hosts trained slower for it (docs/scaling.md). So allreduce
+// pieces are MPI's blocking calls by default (DTRAIN_MPI_NONBLOCKING=0: the full rate, the core
+// polled while MPI waits); DTRAIN_MPI_NONBLOCKING=1 posts them nonblocking and waits this way.
+// Every other host collective is always nonblocking.
 #include <mpi.h>
 
 #include <algorithm>
@@ -34,6 +43,9 @@ struct RequestWait {
   Clock::duration min_sleep = std::chrono::microseconds(5);
   Clock::duration max_sleep = Clock::duration::zero();  // zero: never sleep (within a host)
   int backoff_divisor = 4;  // sleep 1/n of the time waited so far
+  // DTRAIN_MPI_NONBLOCKING=0 (the default): allreduce pieces are MPI's blocking calls, which wait
+  // inside MPI (polling) at MPI's full link rate (Note [Waiting for data collectives]).
+  bool blocking_allreduce = false;
 
   // Hot testing only: for communicators within one host (Note [Waiting for data collectives]).
   static RequestWait hot() noexcept { return RequestWait{}; }

@@ -39,6 +39,7 @@ struct Config {
   std::int64_t mpi_chunk_bytes = 16777216;           // DTRAIN_MPI_CHUNK_BYTES
   int mpi_pieces_in_flight = 2;                      // DTRAIN_MPI_PIECES_IN_FLIGHT
   double wait_max_sleep_us = 500;                    // DTRAIN_WAIT_MAX_SLEEP_US; 0 = never sleep
+  bool mpi_nonblocking = false;                      // DTRAIN_MPI_NONBLOCKING
   bool fusion_pipeline = true;                       // DTRAIN_FUSION_PIPELINE
   std::string host_id;                               // DTRAIN_HOST_ID; empty = real host name
 

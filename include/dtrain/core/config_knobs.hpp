@@ -140,6 +140,7 @@ void for_each_knob(Visitor&& visit) {
   // time the sockets' buffers take to drain at the link's rate.
   visit(FloatKnob{"WAIT_MAX_SLEEP_US", "wait_max_sleep_us", &Config::wait_max_sleep_us, 0, false,
                   100000, "microseconds from 0 (never sleep) to 100000, e.g. 500"});
+  visit(BoolKnob{"MPI_NONBLOCKING", "mpi_nonblocking", &Config::mpi_nonblocking});
   visit(BoolKnob{"FUSION_PIPELINE", "fusion_pipeline", &Config::fusion_pipeline});
   visit(StringKnob{"HOST_ID", "host_id", &Config::host_id});
 }

@@ -34,7 +34,8 @@ namespace dtrain::detail {
 
 // Settings every rank must give identically (Note [Agreed settings]).
 inline constexpr std::string_view kSettingsAllMustShare[] = {
-    "MPI_CHUNK_BYTES", "HIERARCHICAL_ALLREDUCE", "NUM_NCCL_STREAMS"};
+    "MPI_CHUNK_BYTES", "HIERARCHICAL_ALLREDUCE", "NUM_NCCL_STREAMS",
+    "MPI_NONBLOCKING"};  // MPI never matches a blocking collective with a nonblocking one
 // Settings only the coordinator (rank 0) uses.
 inline constexpr std::string_view kSettingsOfRankZero[] = {
     "FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "STALL_CHECK_DISABLE",

@@ -54,10 +54,12 @@ inline ScaleSplit split_scaling(ReduceOp op, DataType dtype, double prescale, do
 // [Waiting for data collectives] in comm/request_wait.hpp). It changes no MPI call, only when this
 // rank makes its next one, so it need not be agreed.
 inline RequestWait data_wait(const Config& config, const HierarchyComms& hierarchy) {
-  if (!hierarchy.valid() || hierarchy.hosts < 2 || config.wait_max_sleep_us <= 0)
-    return RequestWait::hot();
-  return RequestWait::sleeping(std::chrono::duration_cast<RequestWait::Clock::duration>(
-      std::chrono::duration<double, std::micro>(config.wait_max_sleep_us)));
+  RequestWait w = RequestWait::hot();
+  if (hierarchy.valid() && hierarchy.hosts >= 2 && config.wait_max_sleep_us > 0)
+    w = RequestWait::sleeping(std::chrono::duration_cast<RequestWait::Clock::duration>(
+        std::chrono::duration<double, std::micro>(config.wait_max_sleep_us)));
+  w.blocking_allreduce = !config.mpi_nonblocking;
+  return w;
 }
 
 class HostBackend final : public Backend {
