@@ -9,9 +9,10 @@
 //              over the wall seconds of the transfer (1.0 = a whole core)
 //   slowdown   a fixed compute loop (--compute-ms when alone) run on the main thread while the
 //              allreduce is in flight, against the same loop alone right before
-// Ways: dtrain (allreduce_async; the engine's waiting as configured), dtrain with
-// DTRAIN_WAIT_MAX_SLEEP_US=0 semantics (a second dtrain session that never sleeps: the engine
-// polls as MPI's blocking calls do), and raw MPI_Allreduce on a helper thread.
+// Ways: dtrain (allreduce_async, DTRAIN_MPI_NONBLOCKING=1; the engine's waiting as configured),
+// the same never sleeping (DTRAIN_WAIT_MAX_SLEEP_US=0: the engine polls as MPI's blocking calls
+// do), dtrain with DTRAIN_MPI_NONBLOCKING=0 (MPI's blocking allreduce on the engine thread), and
+// raw MPI_Allreduce on a helper thread.
 //
 // Usage: dtrainrun -H a:1,b:1 bench_wait_cost [--mb=64] [--rounds=3] [--compute-ms=800]
 #include <algorithm>
@@ -86,11 +87,14 @@ int main(int argc, char** argv) {
   };
   std::vector<Way> ways;
   {
-    Way d{"dtrain", dtrain::Config::from_env()};
-    Way hot{"dtrain, never sleeping", dtrain::Config::from_env()};
+    Way d{"dtrain", dtrain::Config::from_env()};  // nonblocking, waiting as configured
+    d.config.mpi_nonblocking = true;
+    Way hot{"dtrain, never sleeping", d.config};
     hot.config.wait_max_sleep_us = 0;
+    Way blocking{"dtrain, MPI's blocking allreduce", dtrain::Config::from_env()};
+    blocking.config.mpi_nonblocking = false;
     Way raw{"raw MPI_Allreduce (helper thread)", {}, true};
-    ways = {d, hot, raw};
+    ways = {d, hot, blocking, raw};
   }
   std::vector<Row> rows(ways.size());
 

@@ -418,7 +418,7 @@ class Harness:
         a = self.args
         out = self.dtrain([0, 1], 1, [self.bench_wait, f"--mb={a.wait_mb}",
                                       f"--rounds={a.bench_rounds}"],
-                          env, what, complete=lambda o: o.count("RESULT way=") >= 3)
+                          env, what, complete=lambda o: o.count("RESULT way=") >= 4)
         ways = {}
         for m in re.finditer(r'^RESULT way="([^"]+)" transfer_s=([0-9.]+) cores=([0-9.]+) '
                              r'slowdown=([0-9.]+)', out, re.MULTILINE):
@@ -486,6 +486,10 @@ class Harness:
                 variants.append(("ddp at once", h, ()))
             variants.append(("dtrain", h, ()))
             variants.append(("dtrain buckets", h, ("--bucket-mb", str(a.bucket_mb))))
+            # The allreduce pieces as MPI's nonblocking calls, waited for with sleeps across hosts
+            # (DTRAIN_MPI_NONBLOCKING=1; the default is MPI's blocking calls).
+            variants.append(("dtrain nonblocking", h, ()))
+            variants.append(("dtrain buckets nonblocking", h, ("--bucket-mb", str(a.bucket_mb))))
             if self.has_compression:
                 variants.append(("dtrain fp16", h, ("--compression", "fp16")))
             if self.has_torch:
@@ -500,7 +504,8 @@ class Harness:
                 elif name == "ddp":
                     res = self.ddp(list(range(h)), what=what)
                 else:
-                    res = self.train(list(range(h)), flags=flags, what=what)
+                    env = {"DTRAIN_MPI_NONBLOCKING": "1"} if name.endswith(" nonblocking") else None
+                    res = self.train(list(range(h)), flags=flags, env=env, what=what)
                 log(f"{what}: {res['images_per_second']:.1f} img/s, step "
                     f"{1e3 * res['step_seconds']:.1f} ms")
                 runs.append({"variant": name, "hosts": h, "round": r, **res})
@@ -690,7 +695,7 @@ def summarize_training(runs, hosts):
     for h in [1] + hosts:
         at_once = {t: median(ips(f"{t} at once", h)) for t in ("dtrain", "ddp")}
         for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain buckets",
-                        "dtrain fp16", "ddp"):
+                        "dtrain nonblocking", "dtrain buckets nonblocking", "dtrain fp16", "ddp"):
             values = ips(variant, h)
             if not values:
                 continue
@@ -721,6 +726,8 @@ def print_training(rows):
     log("|---|---|---|---|---|---|---|---|")
     names = {"dtrain": "dtrain (CPU default: one bucket per step)",
              "dtrain buckets": "dtrain, buckets overlapping backward",
+             "dtrain nonblocking": "dtrain, one bucket, nonblocking allreduce (DTRAIN_MPI_NONBLOCKING=1)",
+             "dtrain buckets nonblocking": "dtrain, buckets, nonblocking allreduce",
              "dtrain fp16": "dtrain, fp16 compression", "ddp": "PyTorch DDP (gloo)",
              "dtrain at once": "dtrain trainer alone on each host at once (per job)",
              "ddp at once": "PyTorch alone on each host at once (per job)"}
