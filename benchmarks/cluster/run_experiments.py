@@ -504,7 +504,11 @@ class Harness:
                 elif name == "ddp":
                     res = self.ddp(list(range(h)), what=what)
                 else:
-                    env = {"DTRAIN_MPI_NONBLOCKING": "1"} if name.endswith(" nonblocking") else None
+                    env = None
+                    if name.endswith(" nonblocking"):
+                        env = {"DTRAIN_MPI_NONBLOCKING": "1"}
+                        if a.wait_max_sleep_us is not None:
+                            env["DTRAIN_WAIT_MAX_SLEEP_US"] = a.wait_max_sleep_us
                     res = self.train(list(range(h)), flags=flags, env=env, what=what)
                 log(f"{what}: {res['images_per_second']:.1f} img/s, step "
                     f"{1e3 * res['step_seconds']:.1f} ms")
@@ -883,6 +887,9 @@ def main():
                    help="link rates of the wait experiment ('profile': the profile's)")
     p.add_argument("--wait-caps", default="0,100,500,2000,20000",
                    help="DTRAIN_WAIT_MAX_SLEEP_US values the wait experiment compares")
+    p.add_argument("--wait-max-sleep-us", default=None,
+                   help="DTRAIN_WAIT_MAX_SLEEP_US of the training experiment's nonblocking "
+                        "variants (default: dtrain's)")
     p.add_argument("--link-max-bytes", type=int, default=16 << 20,
                    help="largest allreduce of the link experiment (from 4 KiB up, x4)")
     p.add_argument("--bench-rounds", type=int, default=5, help="rounds inside each benchmark")
