@@ -248,21 +248,25 @@ TEST_CASE("one op name in flight from two threads ends the job on every rank") {
   }
   SUBCASE("two threads share names under load: every result is right or an error") {
     // Each thread reduces its own value; a result that pairs one thread's op with another
-    // thread's on a peer is 1 + 1000 per pair instead of a multiple of either.
-    // Both threads start together: a name reused by threads whose ops never overlap on a rank
-    // cannot be told from one thread's reuse (docs/collectives.md: names differ between threads),
-    // so the case is the one the issue saw, ops in flight at once.
+    // thread's on a peer is 1 + 1000 per pair instead of a multiple of either. Before, the ranks
+    // refused different threads' ops and the survivors paired on: half of the later sums wrong,
+    // no error. Now the first name found in flight from both threads ends the job on every rank,
+    // so no op after it returns a result. The ops that paired before it, while the two threads'
+    // ops did not overlap on a rank, cannot be told from one thread reusing its names (hence the
+    // rule: names differ between threads), so a wrong result there is possible and not checked.
     Initialized dt(quick_config());
-    std::atomic<int> wrong{0}, failed{0}, right{0}, ready{0};
+    std::atomic<int> ready{0}, results_after_error{0}, failed{0};
     auto run = [&](float value) {
       ++ready;
       while (ready.load() < 2) std::this_thread::yield();
+      bool ended = false;
       for (int i = 0; i < 200; ++i) {
         std::vector<float> t(8, value);
         try {
           allreduce(t, {.op = ReduceOp::Sum, .name = fmt::format("op.{}", i)});
-          (t[0] == value * static_cast<float>(world_size()) ? right : wrong)++;
+          if (ended) ++results_after_error;
         } catch (const Error&) {
+          ended = true;
           ++failed;
         }
       }
@@ -271,9 +275,9 @@ TEST_CASE("one op name in flight from two threads ends the job on every rank") {
     std::thread b([&] { run(1000.0f); });
     a.join();
     b.join();
-    INFO("right ", right.load(), ", failed ", failed.load());
-    CHECK(wrong == 0);
-    CHECK(right + failed == 400);
+    INFO("failed ", failed.load(), ", results after an error ", results_after_error.load());
+    CHECK(failed > 0);                     // the job ended on this rank
+    CHECK(results_after_error.load() == 0);  // and nothing paired after it
   }
   Initialized again;
   check_still_works();
