@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/engine_test.hpp"
+#include "reliability/expected_errors.hpp"
 
 // A tensor type whose traits refuse it, as an adapter does for an element type dtrain has no
 // data type for: the refusal happens in the op's checks (Note [Compiled submission]).
@@ -44,28 +45,12 @@ namespace {
 
 using namespace dtrain;
 using namespace std::chrono_literals;
+using test::expect;
 using test::Initialized;
+using test::is_odd_one;
+using test::last_rank;
 using test::world_rank;
 using test::world_size;
-
-int last_rank() { return world_size() - 1; }
-bool is_odd_one() { return world_rank() == last_rank(); }
-
-// Runs `call`, expects exception E whose message contains every fragment.
-template <class E, class F>
-void expect(F&& call, std::initializer_list<std::string> fragments, const std::string& what) {
-  try {
-    call();
-    FAIL_CHECK(what << ": no exception on rank " << world_rank());
-  } catch (const E& e) {
-    const std::string message = e.what();
-    INFO(what, " on rank ", world_rank(), ": ", message);
-    for (const auto& f : fragments)
-      CHECK_MESSAGE(message.find(f) != std::string::npos, "missing '" << f << "'");
-  } catch (const std::exception& e) {
-    FAIL_CHECK(what << ": wrong exception type on rank " << world_rank() << ": " << std::string(typeid(e).name()) << ": " << std::string(e.what()));
-  }
-}
 
 // The world still works: an unnamed allreduce pairs up on every rank (generated names in step).
 void check_still_works() {

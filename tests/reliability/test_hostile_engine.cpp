@@ -17,33 +17,18 @@
 #include "dtrain/runtime/process_set.hpp"
 #include "dtrain/runtime/response_executor.hpp"  // detail::fail_set_creation_at()
 #include "engine/engine_test.hpp"
+#include "reliability/expected_errors.hpp"
 
 namespace {
 
 using namespace dtrain;
 using namespace std::chrono_literals;
+using test::expect;
 using test::Initialized;
+using test::is_odd_one;
+using test::last_rank;
 using test::world_rank;
 using test::world_size;
-
-int last_rank() { return world_size() - 1; }
-bool is_odd_one() { return world_rank() == last_rank(); }
-
-template <class E, class F>
-void expect(F&& call, std::initializer_list<std::string> fragments, const std::string& what) {
-  try {
-    call();
-    FAIL_CHECK(what << ": no exception on rank " << world_rank());
-  } catch (const E& e) {
-    const std::string message = e.what();
-    INFO(what, " on rank ", world_rank(), ": ", message);
-    for (const auto& f : fragments)
-      CHECK_MESSAGE(message.find(f) != std::string::npos, "missing '" << f << "'");
-  } catch (const std::exception& e) {
-    FAIL_CHECK(what << ": wrong exception type on rank " << world_rank() << ": "
-                    << std::string(typeid(e).name()) << ": " << std::string(e.what()));
-  }
-}
 
 // Short deadlines: a case that waits for a peer that never comes fails in seconds, not minutes.
 Config quick_config() {

@@ -3,10 +3,6 @@
 // See Note [Negotiation] and Note [Batching] in runtime/coordinator.hpp.
 // The loop waits as Note [Waiting without burning cores] (runtime/wait_policy.hpp) says.
 #include <mpi.h>
-#if defined(__linux__)
-#include <pthread.h>
-#include <time.h>
-#endif
 
 #include <algorithm>
 #include <array>
@@ -43,6 +39,7 @@
 #include "dtrain/runtime/op_state.hpp"
 #include "dtrain/runtime/response_cache.hpp"
 #include "dtrain/runtime/response_executor.hpp"
+#include "dtrain/runtime/thread_cpu_clock.hpp"
 #include "dtrain/runtime/topology.hpp"
 #include "dtrain/runtime/wait_policy.hpp"
 #include "dtrain/runtime/watchdog.hpp"
@@ -334,31 +331,10 @@ class Engine {
   EngineStats stats() const {
     EngineStats s = counters_.snapshot();
     s.buffer_allocations = executor_->buffer_allocations();
-    s.engine_cpu_ns = engine_cpu_ns();
+    s.engine_cpu_ns = cpu_clock_.read(const_cast<std::thread&>(thread_));  // Note [Engine CPU time]
     return s;
   }
 
-  // Note [Engine CPU time]
-  // Whether waiting for the peers is free shows in the engine thread's own CPU time: a thread that
-  // polls MPI while a collective crosses a slow link uses a whole core, one that sleeps between
-  // tests almost none (Note [Waiting for data collectives] in comm/request_wait.hpp). The kernel
-  // keeps a CPU-time clock per thread, read here from any thread in nanoseconds; the profiler
-  // records its increase per step and per sample, and dtrain-report compares it with the time
-  // the engine spent in collectives. Once the thread has ended, its last reading stands.
-  std::uint64_t engine_cpu_ns() const noexcept {
-    std::lock_guard lock(cpu_clock_mutex_);
-#if defined(__linux__)
-    if (!engine_thread_ended_) {
-      clockid_t clock;
-      timespec t{};
-      auto handle = const_cast<std::thread&>(thread_).native_handle();
-      if (pthread_getcpuclockid(handle, &clock) == 0 && clock_gettime(clock, &t) == 0)
-        engine_cpu_last_ = static_cast<std::uint64_t>(t.tv_sec) * 1000000000u +
-                           static_cast<std::uint64_t>(t.tv_nsec);
-    }
-#endif
-    return engine_cpu_last_;
-  }
 
  private:
   void throw_if_stopped() const {
@@ -458,11 +434,7 @@ class Engine {
   WaitPolicy wait_policy_;
 
   EngineCounters counters_;
-  // Note [Engine CPU time]: the last reading, and whether the thread has ended (set by the thread
-  // itself under the mutex, before it can be joined: its clock is gone after that).
-  mutable std::mutex cpu_clock_mutex_;
-  mutable std::uint64_t engine_cpu_last_ = 0;
-  bool engine_thread_ended_ = false;
+  ThreadCpuClock cpu_clock_;  // the engine thread's (Note [Engine CPU time])
   OpNamer namer_;  // Note [Generated names]: constructed on the thread that calls init()
 
   std::optional<PeerMonitor> monitor_;

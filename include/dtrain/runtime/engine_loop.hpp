@@ -23,11 +23,7 @@ inline void Engine::run() {
     fail_everything(fmt::format("dtrain: the engine on rank {} failed: {}", rank_, ex.what()));
   }
   channel_->drain();
-  (void)engine_cpu_ns();  // the thread's last reading (Note [Engine CPU time])
-  {
-    std::lock_guard lock(cpu_clock_mutex_);
-    engine_thread_ended_ = true;
-  }
+  cpu_clock_.thread_ends();  // Note [Engine CPU time]
   std::vector<std::shared_ptr<Entry>> leftovers;
   std::string why;
   {
