@@ -12,7 +12,8 @@
 // Ways: dtrain (allreduce_async, DTRAIN_MPI_NONBLOCKING=1; the engine's waiting as configured),
 // the same never sleeping (DTRAIN_WAIT_MAX_SLEEP_US=0: the engine polls as MPI's blocking calls
 // do), dtrain with DTRAIN_MPI_NONBLOCKING=0 (MPI's blocking allreduce on the engine thread), and
-// raw MPI_Allreduce on a helper thread.
+// raw MPI_Allreduce on a helper thread, and where dtrain is built with Gloo, dtrain over Gloo
+// (DTRAIN_CPU_OPERATIONS=gloo; Note [Gloo on the host path] in include/dtrain/comm/gloo_group.hpp).
 //
 // Usage: dtrainrun -H a:1,b:1 bench_wait_cost [--mb=64] [--rounds=3] [--compute-ms=800]
 #include <algorithm>
@@ -95,6 +96,11 @@ int main(int argc, char** argv) {
     blocking.config.mpi_nonblocking = false;
     Way raw{"raw MPI_Allreduce (helper thread)", {}, true};
     ways = {d, hot, blocking, raw};
+#if DTRAIN_WITH_GLOO
+    Way gloo{"dtrain over Gloo", dtrain::Config::from_env()};  // DTRAIN_CPU_OPERATIONS=gloo
+    gloo.config.cpu_operations = "gloo";
+    ways.push_back(gloo);
+#endif
   }
   std::vector<Row> rows(ways.size());
 

@@ -32,7 +32,7 @@ fi
 
 # MPICH is the reference MPI; pin it by its suffixed wrappers so an Open MPI installed next to it
 # cannot sneak into the build or the test launcher.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich \
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDTRAIN_MPI=mpich -DDTRAIN_WITH_GLOO=ON \
   -DCMAKE_PREFIX_PATH="$torch_prefix" -DDTRAIN_REQUIRE_TORCH=ON -DMASK_RCNN_PYTHON="$venv/bin/python" \
   -DDTRAIN_TEST_REQUIRE_BROWSER=ON -DDTRAIN_TEST_REQUIRE_PYCOCOTOOLS=ON \
   -DDTRAIN_TEST_REQUIRE_SLURM="$as_root" \

@@ -492,8 +492,18 @@ class Harness:
             variants.append(("dtrain buckets nonblocking", h, ("--bucket-mb", str(a.bucket_mb))))
             if self.has_compression:
                 variants.append(("dtrain fp16", h, ("--compression", "fp16")))
+            # Host tensors over Gloo (DTRAIN_CPU_OPERATIONS=gloo), as DDP's are.
+            variants.append(("dtrain gloo", h, ()))
+            variants.append(("dtrain buckets gloo", h, ("--bucket-mb", str(a.bucket_mb))))
             if self.has_torch:
                 variants.append(("ddp", h, ()))
+        if a.training_variants:
+            wanted = set(a.training_variants.split(","))
+            unknown = wanted - {name for name, _, _ in variants}
+            if unknown:
+                raise Failure(f"--training-variants: no variant {', '.join(sorted(unknown))}")
+            # The single-host baselines stay: every efficiency is measured against them.
+            variants = [v for v in variants if v[0] in wanted or v[1] == 1]
         runs = []
         for r in range(a.rounds):
             for name, h, flags in rotated(variants, r):
@@ -509,6 +519,8 @@ class Harness:
                         env = {"DTRAIN_MPI_NONBLOCKING": "1"}
                         if a.wait_max_sleep_us is not None:
                             env["DTRAIN_WAIT_MAX_SLEEP_US"] = a.wait_max_sleep_us
+                    if name.endswith(" gloo"):
+                        env = {"DTRAIN_CPU_OPERATIONS": "gloo"}
                     res = self.train(list(range(h)), flags=flags, env=env, what=what)
                 log(f"{what}: {res['images_per_second']:.1f} img/s, step "
                     f"{1e3 * res['step_seconds']:.1f} ms")
@@ -699,7 +711,8 @@ def summarize_training(runs, hosts):
     for h in [1] + hosts:
         at_once = {t: median(ips(f"{t} at once", h)) for t in ("dtrain", "ddp")}
         for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain buckets",
-                        "dtrain nonblocking", "dtrain buckets nonblocking", "dtrain fp16", "ddp"):
+                        "dtrain nonblocking", "dtrain buckets nonblocking", "dtrain gloo",
+                        "dtrain buckets gloo", "dtrain fp16", "ddp"):
             values = ips(variant, h)
             if not values:
                 continue
@@ -732,6 +745,8 @@ def print_training(rows):
              "dtrain buckets": "dtrain, buckets overlapping backward",
              "dtrain nonblocking": "dtrain, one bucket, nonblocking allreduce (DTRAIN_MPI_NONBLOCKING=1)",
              "dtrain buckets nonblocking": "dtrain, buckets, nonblocking allreduce",
+             "dtrain gloo": "dtrain, one bucket, over Gloo (DTRAIN_CPU_OPERATIONS=gloo)",
+             "dtrain buckets gloo": "dtrain, buckets, over Gloo",
              "dtrain fp16": "dtrain, fp16 compression", "ddp": "PyTorch DDP (gloo)",
              "dtrain at once": "dtrain trainer alone on each host at once (per job)",
              "ddp at once": "PyTorch alone on each host at once (per job)"}
@@ -875,6 +890,9 @@ def main():
                    help="intra-op threads per rank (default: the host's cores / its ranks)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per experiment")
     p.add_argument("--bucket-mb", default="25", help="the training experiment's bucket size")
+    p.add_argument("--training-variants", default="",
+                   help="comma-separated variants of the training experiment on several hosts "
+                        "(default: all), e.g. 'dtrain,dtrain gloo,ddp'")
     p.add_argument("--bucket-sizes", default="0,4,25",
                    help="--bucket-mb values of the buckets experiment")
     p.add_argument("--rhos", default="0.1,0.3,1,3",

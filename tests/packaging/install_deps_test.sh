@@ -58,7 +58,7 @@ chmod +x "$work/bin/"*
 export PATH="$work/bin:$PATH"
 
 base=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
-  nlohmann-json3-dev iproute2)
+  nlohmann-json3-dev iproute2 libgloo-dev)
 failures=0
 fail() {
   echo "FAIL: $*" >&2
@@ -83,7 +83,8 @@ run
 [[ $out == *"nothing to do"* ]] || fail "all installed: unexpected output: $out"
 
 # Two missing: one update, then exactly those two, non-interactive, without recommends.
-reset build-essential cmake pkg-config mpich libmpich-dev python3 nlohmann-json3-dev iproute2
+reset build-essential cmake pkg-config mpich libmpich-dev python3 nlohmann-json3-dev iproute2 \
+  libgloo-dev
 run
 [[ $status == 0 ]] || fail "two missing: exit $status: $out"
 expected="DEBIAN_FRONTEND=noninteractive apt-get update

@@ -63,3 +63,22 @@ function(dtrain_add_test name)
     endforeach()
   endif()
 endfunction()
+
+# dtrain_add_test_run(<name> TARGET <test target> RANKS <n...> [TIMEOUT <s>] [ENV <VAR=value...>]
+#                     [LABELS <l...>]): another run of an existing multi-process test binary,
+#                     under other settings (e.g. its collectives over Gloo).
+function(dtrain_add_test_run name)
+  cmake_parse_arguments(T "" "TARGET;TIMEOUT" "RANKS;ENV;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 120)
+  endif()
+  foreach(n IN LISTS T_RANKS)
+    add_test(NAME ${name}.np${n}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${_dtrain_oversubscribe}
+                     ${DTRAIN_TEST_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_TARGET}>
+                     ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${name}.np${n} PROPERTIES TIMEOUT ${T_TIMEOUT}
+                         ENVIRONMENT "${T_ENV}" PROCESSORS ${n} LABELS "mpi;${T_LABELS}"
+                         SKIP_RETURN_CODE 77)
+  endforeach()
+endfunction()

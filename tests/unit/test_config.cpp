@@ -106,6 +106,10 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return !c.fusion_pipeline; }, {"2"}},
       {"HOST_ID", [](const Config& c) { return c.host_id.empty(); }, "node-a",
        [](const Config& c) { return c.host_id == "node-a"; }, {}},
+      {"CPU_OPERATIONS", [](const Config& c) { return c.cpu_operations == "mpi"; }, "gloo",
+       [](const Config& c) { return c.cpu_operations == "gloo"; }, {"ccl", "MPI"}},
+      {"GLOO_IFACE", [](const Config& c) { return c.gloo_iface.empty(); }, "eth1",
+       [](const Config& c) { return c.gloo_iface == "eth1"; }, {}},
   };
   return cases;
 }
@@ -131,7 +135,7 @@ TEST_CASE("the test table covers every setting") {
   std::set<std::string> tested;
   for (const KnobCase& k : knob_cases()) tested.insert(k.suffix);
   CHECK(known == tested);
-  CHECK(known.size() == 29);
+  CHECK(known.size() == 31);
 }
 
 TEST_CASE("an empty environment gives the documented defaults, which validate") {
@@ -368,7 +372,7 @@ TEST_CASE("no warning for settings in either spelling, other dtrain variables or
 TEST_CASE("a Horovod knob that dtrain does not map is named with what dtrain does instead") {
   LogCapture capture(LogLevel::warning);
   const Config c = config_from_env(MapEnv{{"HOROVOD_GPU_OPERATIONS", "NCCL"},
-                                          {"HOROVOD_CPU_OPERATIONS", "gloo"},
+                                          {"HOROVOD_CCL_CACHE", "1"},
                                           {"HOROVOD_CONTROLLER", "gloo"},
                                           {"HOROVOD_MPI_THREADS_DISABLE", "1"},
                                           {"HOROVOD_ENABLE_XLA_OPS", "1"}});
@@ -376,8 +380,8 @@ TEST_CASE("a Horovod knob that dtrain does not map is named with what dtrain doe
   CHECK(capture.count({"] warning: HOROVOD_GPU_OPERATIONS is a Horovod setting that dtrain does "
                        "not use and is ignored: ",
                        "NCCL", "docs/device.md"}) == 1);
-  CHECK(capture.count({"HOROVOD_CPU_OPERATIONS is a Horovod setting that dtrain does not use",
-                       "MPI"}) == 1);
+  CHECK(capture.count({"HOROVOD_CCL_CACHE is a Horovod setting that dtrain does not use",
+                       "oneCCL"}) == 1);
   CHECK(capture.count({"HOROVOD_CONTROLLER is a Horovod setting that dtrain does not use",
                        "MPI is dtrain's only controller"}) == 1);
   CHECK(capture.count({"HOROVOD_MPI_THREADS_DISABLE is a Horovod setting that dtrain does not "
@@ -385,6 +389,22 @@ TEST_CASE("a Horovod knob that dtrain does not map is named with what dtrain doe
   CHECK(capture.count({"HOROVOD_ENABLE_XLA_OPS is a Horovod setting that dtrain does not use",
                        "XLA"}) == 1);
   CHECK(capture.lines().size() == 5);
+}
+
+TEST_CASE("DTRAIN_CPU_OPERATIONS takes mpi or gloo, also under Horovod's name") {
+  CHECK(config_from_env(MapEnv{}).cpu_operations == "mpi");
+  CHECK(config_from_env(MapEnv{{"HOROVOD_CPU_OPERATIONS", "gloo"}}).cpu_operations == "gloo");
+  CHECK(config_from_env(MapEnv{{"DTRAIN_GLOO_IFACE", "eth1"}}).gloo_iface == "eth1");
+  CHECK_THROWS_WITH_AS(config_from_env(MapEnv{{"DTRAIN_CPU_OPERATIONS", "ccl"}}),
+                       doctest::Contains("DTRAIN_CPU_OPERATIONS=\"ccl\" is not one of the "
+                                         "choices: expected mpi or gloo"),
+                       InvalidArgumentError);
+  Config c;
+  c.cpu_operations = "GLOO";
+  CHECK_THROWS_WITH_AS(c.validate(),
+                       doctest::Contains("Config::cpu_operations = \"GLOO\" is not one of the "
+                                         "choices: expected mpi or gloo"),
+                       InvalidArgumentError);
 }
 
 TEST_CASE("every entry of the table of Horovod's unmapped knobs is warned about, once") {

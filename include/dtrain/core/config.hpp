@@ -41,6 +41,8 @@ struct Config {
   double wait_max_sleep_us = 500;                    // DTRAIN_WAIT_MAX_SLEEP_US; 0 = never sleep
   bool mpi_nonblocking = false;                      // DTRAIN_MPI_NONBLOCKING
   bool fusion_pipeline = true;                       // DTRAIN_FUSION_PIPELINE
+  std::string cpu_operations = "mpi";                // DTRAIN_CPU_OPERATIONS: mpi or gloo
+  std::string gloo_iface;                            // DTRAIN_GLOO_IFACE; empty = first up, non-loopback
   std::string host_id;                               // DTRAIN_HOST_ID; empty = real host name
 
   // Reads the process environment and validates. Throws InvalidArgumentError naming every bad

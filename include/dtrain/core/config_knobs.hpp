@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <string>
@@ -58,6 +59,18 @@ struct StringKnob {
   std::string_view suffix;
   std::string_view field;
   std::string Config::*member;
+};
+
+// A string from a fixed list, e.g. which library carries host tensors.
+struct ChoiceKnob {
+  std::string_view suffix;
+  std::string_view field;
+  std::string Config::*member;
+  std::string_view choices;  // "a, b or c", for error messages
+  std::initializer_list<std::string_view> values;
+  bool allows(const std::string& v) const {
+    return std::find(values.begin(), values.end(), v) != values.end();
+  }
 };
 
 struct LogLevelKnob {
@@ -143,6 +156,10 @@ void for_each_knob(Visitor&& visit) {
   visit(BoolKnob{"MPI_NONBLOCKING", "mpi_nonblocking", &Config::mpi_nonblocking});
   visit(BoolKnob{"FUSION_PIPELINE", "fusion_pipeline", &Config::fusion_pipeline});
   visit(StringKnob{"HOST_ID", "host_id", &Config::host_id});
+  // Note [Gloo on the host path] in comm/gloo_group.hpp.
+  visit(ChoiceKnob{"CPU_OPERATIONS", "cpu_operations", &Config::cpu_operations, "mpi or gloo",
+                   {"mpi", "gloo"}});
+  visit(StringKnob{"GLOO_IFACE", "gloo_iface", &Config::gloo_iface});
 }
 
 // DTRAIN_ variables read by other parts of dtrain (the launcher's cluster entrypoint mode, and the
@@ -267,6 +284,19 @@ inline std::vector<std::string> env_warnings(const EnvSource& env) {
   return warnings;
 }
 
+// Gloo is optional at build time (Note [Gloo on the host path] in comm/gloo_group.hpp).
+inline std::optional<std::string> gloo_build_problem(const Config& config,
+                                                     std::string_view subject) {
+#if DTRAIN_WITH_GLOO
+  (void)config, (void)subject;
+  return std::nullopt;
+#else
+  if (config.cpu_operations != "gloo") return std::nullopt;
+  return fmt::format("{}: this dtrain was built without Gloo; install libgloo-dev and configure "
+                     "dtrain with -DDTRAIN_WITH_GLOO=ON, or use mpi", subject);
+#endif
+}
+
 inline Config config_from_env(const EnvSource& env) {
   Config config;
   std::vector<std::string> problems;
@@ -290,6 +320,13 @@ inline Config config_from_env(const EnvSource& env) {
       }
     } else if constexpr (std::is_same_v<Knob, StringKnob>) {
       config.*knob.member = text;
+    } else if constexpr (std::is_same_v<Knob, ChoiceKnob>) {
+      if (knob.allows(text)) {
+        config.*knob.member = text;
+      } else {
+        problems.push_back(fmt::format("{} is not one of the choices: expected {}", subject,
+                                       knob.choices));
+      }
     } else if constexpr (std::is_same_v<Knob, LogLevelKnob>) {
       if (auto value = try_parse_log_level(text)) {
         config.*knob.member = *value;
@@ -340,6 +377,10 @@ inline Config config_from_env(const EnvSource& env) {
     for (std::string& warning : env_warnings(env)) log_once(LogLevel::warning, std::move(warning));
   }
 
+  if (problems.empty()) {
+    if (auto problem = gloo_build_problem(config, "DTRAIN_CPU_OPERATIONS=gloo"))
+      problems.push_back(*problem);
+  }
   if (!problems.empty()) throw InvalidArgumentError(join_problems(problems));
   return config;
 }
@@ -363,6 +404,11 @@ inline void validate_config(const Config& config) {
         problems.push_back(fmt::format("{} is not a log level: expected one of {}", subject,
                                        log_level_choices));
       }
+    } else if constexpr (std::is_same_v<Knob, ChoiceKnob>) {
+      if (!knob.allows(value)) {
+        problems.push_back(fmt::format("{} is not one of the choices: expected {}", subject,
+                                       knob.choices));
+      }
     } else if constexpr (!std::is_same_v<Knob, BoolKnob> &&
                          !std::is_same_v<Knob, StringKnob>) {
       if (!in_range(knob, static_cast<std::int64_t>(value))) {
@@ -379,6 +425,8 @@ inline void validate_config(const Config& config) {
     if (auto problem = stall_rule_problem(config, shutdown, check)) {
       problems.push_back(*problem);
     }
+    if (auto problem = gloo_build_problem(config, "Config::cpu_operations = \"gloo\""))
+      problems.push_back(*problem);
   }
   if (!problems.empty()) throw InvalidArgumentError(join_problems(problems));
 }

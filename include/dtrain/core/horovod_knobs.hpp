@@ -31,8 +31,8 @@ inline constexpr std::string_view gpu_ops =
     "Horovod's build reads it; dtrain sends device tensors through NCCL, or through pinned host "
     "staging over MPI where NCCL cannot serve (docs/device.md)";
 inline constexpr std::string_view gloo =
-    "dtrain runs on MPI only, with no Gloo; choose the network through the MPI library (for "
-    "example UCX_NET_DEVICES)";
+    "dtrain starts its ranks and negotiates with MPI, which is also the rendezvous of its Gloo "
+    "host path (DTRAIN_CPU_OPERATIONS=gloo); DTRAIN_OP_TIMEOUT_SECONDS bounds each Gloo call";
 inline constexpr std::string_view gloo_rank =
     "horovodrun sets it for Gloo ranks; dtrain takes ranks and hosts from MPI (DTRAIN_HOST_ID "
     "emulates hosts)";
@@ -50,11 +50,9 @@ inline constexpr HorovodKnob horovod_unmapped_knobs[] = {
      "dtrain always packs the tensors of a fused device op with batched kernels"},
     {"HOROVOD_BUILD_ARCH_FLAGS", horovod_instead::build},
     {"HOROVOD_BUILD_CUDA_CC_LIST", horovod_instead::build},
-    {"HOROVOD_CCL_CACHE", "dtrain has no oneCCL backend; host tensors go through MPI"},
+    {"HOROVOD_CCL_CACHE", "dtrain has no oneCCL backend; host tensors go through MPI or Gloo (DTRAIN_CPU_OPERATIONS)"},
     {"HOROVOD_CMAKE", horovod_instead::build},
     {"HOROVOD_CONTROLLER", "MPI is dtrain's only controller; there is nothing to choose"},
-    {"HOROVOD_CPU_OPERATIONS",
-     "dtrain reduces host tensors with MPI (MPICH or Open MPI) only; there is no Gloo or oneCCL"},
     {"HOROVOD_CROSS_RANK", horovod_instead::gloo_rank},
     {"HOROVOD_CROSS_SIZE", horovod_instead::gloo_rank},
     {"HOROVOD_CUDA_HOME", horovod_instead::build},
@@ -73,7 +71,6 @@ inline constexpr HorovodKnob horovod_unmapped_knobs[] = {
      "dtrain's engine completes each device op before the next; your threads and streams keep "
      "running meanwhile (docs/device.md)"},
     {"HOROVOD_ENABLE_XLA_OPS", "dtrain has no TensorFlow or XLA integration"},
-    {"HOROVOD_GLOO_IFACE", horovod_instead::gloo},
     {"HOROVOD_GLOO_RENDEZVOUS_ADDR", horovod_instead::gloo},
     {"HOROVOD_GLOO_RENDEZVOUS_PORT", horovod_instead::gloo},
     {"HOROVOD_GLOO_TIMEOUT_SECONDS", horovod_instead::gloo},

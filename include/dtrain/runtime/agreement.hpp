@@ -35,7 +35,8 @@ namespace dtrain::detail {
 // Settings every rank must give identically (Note [Agreed settings]).
 inline constexpr std::string_view kSettingsAllMustShare[] = {
     "MPI_CHUNK_BYTES", "HIERARCHICAL_ALLREDUCE", "NUM_NCCL_STREAMS",
-    "MPI_NONBLOCKING"};  // MPI never matches a blocking collective with a nonblocking one
+    "MPI_NONBLOCKING",  // MPI never matches a blocking collective with a nonblocking one
+    "CPU_OPERATIONS"};  // one library carries every rank's host tensors
 // Settings only the coordinator (rank 0) uses.
 inline constexpr std::string_view kSettingsOfRankZero[] = {
     "FUSION_THRESHOLD", "CYCLE_TIME", "CACHE_CAPACITY", "STALL_CHECK_DISABLE",
@@ -156,6 +157,20 @@ inline std::string agree_on_setup(std::string error, MPI_Comm comm) {
   if (n > 0)
     mpi_check(MPI_Bcast(error.data(), static_cast<int>(n), MPI_CHAR, 0, comm), "MPI_Bcast");
   return error;
+}
+
+// Every rank's own failure (empty: none), gathered: empty when no rank failed, otherwise one
+// message naming the ranks that failed and each distinct cause, the same on every rank.
+inline std::string agree_on_failures(const std::string& mine, MPI_Comm comm) {
+  const std::vector<std::string> all = allgather_text(mine, comm);
+  std::map<std::string, std::vector<int>> ranks_of;
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (!all[r].empty()) ranks_of[all[r]].push_back(static_cast<int>(r));
+  std::string out;
+  for (const auto& [why, ranks] : ranks_of)
+    out += fmt::format("{}rank{} {}: {}", out.empty() ? "" : "; ", ranks.size() > 1 ? "s" : "",
+                       fmt::join(ranks, ", "), why);
+  return out;
 }
 
 }  // namespace dtrain::detail

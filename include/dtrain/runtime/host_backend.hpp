@@ -18,10 +18,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <string>
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/gloo_group.hpp"
 #include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/comm/host_buffer.hpp"
 #include "dtrain/comm/host_collectives.hpp"
@@ -81,10 +84,25 @@ class HostBackend final : public Backend {
     // [Waiting for data collectives] in comm/request_wait.hpp).
     RequestWait wait = RequestWait::hot();
     int pieces_in_flight = 1;  // Config::mpi_pieces_in_flight (Note [Pieces in flight])
+    // DTRAIN_CPU_OPERATIONS=gloo: the data collectives go over `gloo_group`, connected over
+    // `comm` (Note [Gloo on the host path] in comm/gloo_group.hpp); a process set's executor
+    // connects its own from these settings. No hierarchy: Gloo's ring spans every rank.
+    bool gloo = false;
+    std::string gloo_iface;           // Config::gloo_iface
+    double gloo_timeout_seconds = 0;  // the agreed op deadline; 0: none
+    std::shared_ptr<GlooGroup> gloo_group;
   };
-  explicit HostBackend(Options o) : opt_(o) {
-    MPI_Comm_rank(o.comm, &rank_);
-    MPI_Comm_size(o.comm, &size_);
+  explicit HostBackend(Options options) : opt_(std::move(options)) {
+    MPI_Comm_rank(opt_.comm, &rank_);
+    MPI_Comm_size(opt_.comm, &size_);
+    if (opt_.gloo) {
+      if (!opt_.gloo_group) throw Error("dtrain: a Gloo host backend needs its connected group");
+      opt_.hierarchical = false;
+    }
+#if DTRAIN_WITH_GLOO
+    gloo_ = opt_.gloo_group.get();
+#endif
+    const Options& o = opt_;
     // Without the host layout, assume the worst: every rank on this host.
     ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
     overlap_ = o.pipeline && overlap_pays(ranks_on_host_);  // local: it moves no MPI call
@@ -97,7 +115,7 @@ class HostBackend final : public Backend {
   void retune(bool pipeline, bool hierarchical) {
     opt_.pipeline = pipeline;
     overlap_ = pipeline && overlap_pays(ranks_on_host_);
-    opt_.hierarchical = hierarchical && opt_.hierarchy.valid();
+    opt_.hierarchical = hierarchical && opt_.hierarchy.valid() && !opt_.gloo;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -144,6 +162,13 @@ class HostBackend final : public Backend {
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
               double factor) {
     const int in_flight = opt_.pieces_in_flight;
+#if DTRAIN_WITH_GLOO
+    if (gloo_) {
+      gloo_->allreduce(buf, n, dtype, op);
+      scale_in_place(dtype, buf, n, factor);
+      return;
+    }
+#endif
     if (opt_.hierarchical) {
       hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor,
                              opt_.wait, in_flight);
@@ -219,9 +244,9 @@ class HostBackend final : public Backend {
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
-    if (overlap_ || opt_.hierarchical) {
+    if (overlap_ || opt_.hierarchical || opt_.gloo) {
       // A helper thread packs and unpacks around one piece at a time (Note [Fusion pipeline]); the
-      // hierarchy's steps run on three communicators, one piece at a time.
+      // hierarchy's steps run on three communicators, and Gloo's on its own, one piece at a time.
       pipeline_.run(job, [&](std::int64_t k) {
         if (k == 0) reduce_begin = Clock::now();
         reduce(job.piece_data(k), job.piece_numel(k), dtype, op, job.piece, job.reduce_factor(k));
@@ -288,6 +313,11 @@ class HostBackend final : public Backend {
       out = scratch_.reserve(static_cast<std::size_t>(total_rows * row) * es);
     }
     auto t0 = Clock::now();
+#if DTRAIN_WITH_GLOO
+    if (gloo_) {
+      gloo_->allgatherv(e ? e->input : nullptr, out, counts, r.dtype);
+    } else
+#endif
     host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype),
                     opt_.wait);
     if (auto* tl = timeline(); tl && e)
@@ -319,6 +349,10 @@ class HostBackend final : public Backend {
       at += n;
     }
     const auto t1 = Clock::now();
+#if DTRAIN_WITH_GLOO
+    if (gloo_) gloo_->allgatherv(nullptr, buf, gather_counts_, r.dtype);
+    else
+#endif
     host_allgatherv_in_place(buf, gather_counts_, r.dtype, opt_.comm, chunk(r.dtype), opt_.wait);
     const auto t2 = Clock::now();
     gather_used_.assign(ranks, 0);  // elements of each rank's block taken by earlier tensors
@@ -358,6 +392,10 @@ class HostBackend final : public Backend {
     const std::int64_t n = r.numels[0];
     void* buf = e ? e->data : scratch_.reserve(static_cast<std::size_t>(n) * element_size(r.dtype));
     auto t0 = Clock::now();
+#if DTRAIN_WITH_GLOO
+    if (gloo_) gloo_->broadcast(buf, n, r.dtype, r.root);
+    else
+#endif
     host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype), opt_.wait,
                    opt_.pieces_in_flight);
     if (auto* tl = timeline(); tl && e) tl->span(timeline_row(r, 0), "MPI_BCAST", t0, Clock::now());
@@ -367,6 +405,10 @@ class HostBackend final : public Backend {
     AlltoallCounts c = exchange_alltoall_counts(*e, size_, opt_.comm, "MPI_Ialltoall", opt_.wait);
     void* out = e->make_output(c.out_shape);
     auto t0 = Clock::now();
+#if DTRAIN_WITH_GLOO
+    if (gloo_) gloo_->alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype);
+    else
+#endif
     host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype),
                    opt_.wait);
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_ALLTOALL", t0, Clock::now());
@@ -392,12 +434,35 @@ class HostBackend final : public Backend {
       send = tmp;
     }
     auto t0 = Clock::now();
+#if DTRAIN_WITH_GLOO
+    if (gloo_) gloo_reduce_scatter(send, out, counts, r.dtype, effective_op(r));
+    else
+#endif
     host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype),
                         opt_.wait);
     scale_in_place(r.dtype, out, counts[rank_], effective_postscale(r));
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_REDUCESCATTER", t0, Clock::now());
   }
 
+#if DTRAIN_WITH_GLOO
+  // Gloo has no reduce-scatter of per-rank counts: the whole input is reduced, this rank keeps its
+  // block (twice the bytes of a ring reduce-scatter; Note [Gloo on the host path]).
+  void gloo_reduce_scatter(const void* send, void* out, const std::vector<std::int64_t>& counts,
+                           DataType dtype, ReduceOp op) {
+    const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+    const std::int64_t before =
+        std::accumulate(counts.begin(), counts.begin() + rank_, std::int64_t{0});
+    const std::size_t es = element_size(dtype);
+    void* all = gloo_scratch_.reserve(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)) * es);
+    if (total > 0) std::memcpy(all, send, static_cast<std::size_t>(total) * es);
+    gloo_->allreduce(all, total, dtype, op);
+    if (counts[rank_] > 0)
+      std::memcpy(out, static_cast<const char*>(all) + before * static_cast<std::int64_t>(es),
+                  static_cast<std::size_t>(counts[rank_]) * es);
+  }
+  GlooGroup* gloo_ = nullptr;  // opt_.gloo_group's
+  HostBuffer gloo_scratch_;
+#endif
   Options opt_;
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;

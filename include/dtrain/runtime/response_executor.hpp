@@ -229,6 +229,7 @@ class ResponseExecutor {
     MPI_Comm data = MPI_COMM_NULL;
     HierarchyComms hierarchy;  // invalid where the engine has no host layout
     bool owns_comms = false;   // the world's belong to the engine
+    std::shared_ptr<GlooGroup> gloo;  // DTRAIN_CPU_OPERATIONS=gloo: the set's own connections
     std::unique_ptr<HostBackend> host;
     std::unique_ptr<Backend> device;
   };
@@ -278,6 +279,9 @@ class ResponseExecutor {
         MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
         if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
           run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
+        if (host_options_.gloo)
+          run.gloo = connect_gloo(run.data, host_options_.gloo_iface,
+                                  host_options_.gloo_timeout_seconds);
       }
       if (++sets_created_ == fail_set_creation_at())
         throw Error(fmt::format("MPI_Comm_split (add_process_set) failed: {}",
@@ -296,6 +300,7 @@ class ResponseExecutor {
       HostBackend::Options o = host_options_;
       o.comm = run.data;
       o.hierarchy = run.hierarchy;
+      o.gloo_group = run.gloo;
       o.pipeline = pipeline_;
       o.hierarchical = hierarchical_ && run.hierarchy.valid();
       if (run.hierarchy.valid() && ctx_.config) o.wait = data_wait(*ctx_.config, run.hierarchy);
