@@ -68,19 +68,16 @@ macro(dtrain_find_dependencies)
     endif()
   endif()
 
-  # Gloo: the host path of DTRAIN_CPU_OPERATIONS=gloo (Note [Gloo on the host path] in
-  # include/dtrain/comm/gloo_group.hpp). Optional: without it that knob is refused at init.
+  # Gloo: dtrain's Gloo plugin, the host path of DTRAIN_CPU_OPERATIONS=gloo (Note [Gloo on the
+  # host path] in include/dtrain/comm/gloo_group.hpp). Optional: without it that knob is refused
+  # at init. Only dtrain's own build needs it (an installed package carries the plugin).
   set(DTRAIN_GLOO_FOUND OFF)
   if(NOT DEFINED DTRAIN_WITH_GLOO)
     set(DTRAIN_WITH_GLOO AUTO)
   endif()
   if(NOT DTRAIN_WITH_GLOO STREQUAL "OFF")
     if(NOT TARGET gloo)
-      if(CMAKE_FIND_PACKAGE_NAME AND DTRAIN_WITH_GLOO STREQUAL "ON")
-        find_dependency(Gloo CONFIG)
-      else()
-        find_package(Gloo CONFIG QUIET)
-      endif()
+      find_package(Gloo CONFIG QUIET)
     endif()
     if(TARGET gloo)
       set(DTRAIN_GLOO_FOUND ON)

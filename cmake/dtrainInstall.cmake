@@ -19,6 +19,9 @@ install(DIRECTORY "${dtrain_SOURCE_DIR}/include/dtrain" DESTINATION "${CMAKE_INS
 
 install(TARGETS dtrain dtrain_header_only EXPORT dtrainTargets
         ARCHIVE DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+if(TARGET dtrain_gloo)  # loaded by path, not linked: outside the export set
+  install(TARGETS dtrain_gloo LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}")
+endif()
 install(EXPORT dtrainTargets NAMESPACE dtrain:: FILE dtrainTargets.cmake
         DESTINATION "${DTRAIN_INSTALL_CMAKEDIR}")
 export(EXPORT dtrainTargets NAMESPACE dtrain:: FILE "${dtrain_BINARY_DIR}/dtrainTargets.cmake")

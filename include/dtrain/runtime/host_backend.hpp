@@ -99,9 +99,7 @@ class HostBackend final : public Backend {
       if (!opt_.gloo_group) throw Error("dtrain: a Gloo host backend needs its connected group");
       opt_.hierarchical = false;
     }
-#if DTRAIN_WITH_GLOO
     gloo_ = opt_.gloo_group.get();
-#endif
     const Options& o = opt_;
     // Without the host layout, assume the worst: every rank on this host.
     ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
@@ -162,13 +160,11 @@ class HostBackend final : public Backend {
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
               double factor) {
     const int in_flight = opt_.pieces_in_flight;
-#if DTRAIN_WITH_GLOO
     if (gloo_) {
       gloo_->allreduce(buf, n, dtype, op);
       scale_in_place(dtype, buf, n, factor);
       return;
     }
-#endif
     if (opt_.hierarchical) {
       hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor,
                              opt_.wait, in_flight);
@@ -313,11 +309,9 @@ class HostBackend final : public Backend {
       out = scratch_.reserve(static_cast<std::size_t>(total_rows * row) * es);
     }
     auto t0 = Clock::now();
-#if DTRAIN_WITH_GLOO
-    if (gloo_) {
+    if (gloo_)
       gloo_->allgatherv(e ? e->input : nullptr, out, counts, r.dtype);
-    } else
-#endif
+    else
     host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype),
                     opt_.wait);
     if (auto* tl = timeline(); tl && e)
@@ -349,10 +343,8 @@ class HostBackend final : public Backend {
       at += n;
     }
     const auto t1 = Clock::now();
-#if DTRAIN_WITH_GLOO
     if (gloo_) gloo_->allgatherv(nullptr, buf, gather_counts_, r.dtype);
     else
-#endif
     host_allgatherv_in_place(buf, gather_counts_, r.dtype, opt_.comm, chunk(r.dtype), opt_.wait);
     const auto t2 = Clock::now();
     gather_used_.assign(ranks, 0);  // elements of each rank's block taken by earlier tensors
@@ -392,10 +384,8 @@ class HostBackend final : public Backend {
     const std::int64_t n = r.numels[0];
     void* buf = e ? e->data : scratch_.reserve(static_cast<std::size_t>(n) * element_size(r.dtype));
     auto t0 = Clock::now();
-#if DTRAIN_WITH_GLOO
     if (gloo_) gloo_->broadcast(buf, n, r.dtype, r.root);
     else
-#endif
     host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype), opt_.wait,
                    opt_.pieces_in_flight);
     if (auto* tl = timeline(); tl && e) tl->span(timeline_row(r, 0), "MPI_BCAST", t0, Clock::now());
@@ -405,10 +395,8 @@ class HostBackend final : public Backend {
     AlltoallCounts c = exchange_alltoall_counts(*e, size_, opt_.comm, "MPI_Ialltoall", opt_.wait);
     void* out = e->make_output(c.out_shape);
     auto t0 = Clock::now();
-#if DTRAIN_WITH_GLOO
     if (gloo_) gloo_->alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype);
     else
-#endif
     host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype),
                    opt_.wait);
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_ALLTOALL", t0, Clock::now());
@@ -434,17 +422,14 @@ class HostBackend final : public Backend {
       send = tmp;
     }
     auto t0 = Clock::now();
-#if DTRAIN_WITH_GLOO
     if (gloo_) gloo_reduce_scatter(send, out, counts, r.dtype, effective_op(r));
     else
-#endif
     host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype),
                         opt_.wait);
     scale_in_place(r.dtype, out, counts[rank_], effective_postscale(r));
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_REDUCESCATTER", t0, Clock::now());
   }
 
-#if DTRAIN_WITH_GLOO
   // Gloo has no reduce-scatter of per-rank counts: the whole input is reduced, this rank keeps its
   // block (twice the bytes of a ring reduce-scatter; Note [Gloo on the host path]).
   void gloo_reduce_scatter(const void* send, void* out, const std::vector<std::int64_t>& counts,
@@ -462,7 +447,6 @@ class HostBackend final : public Backend {
   }
   GlooGroup* gloo_ = nullptr;  // opt_.gloo_group's
   HostBuffer gloo_scratch_;
-#endif
   Options opt_;
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;

@@ -279,9 +279,11 @@ class ResponseExecutor {
         MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
         if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
           run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
-        if (host_options_.gloo)
-          run.gloo = connect_gloo(run.data, host_options_.gloo_iface,
-                                  host_options_.gloo_timeout_seconds);
+        if (host_options_.gloo) {
+          const std::string why = try_connect_gloo(run.gloo, run.data, host_options_.gloo_iface,
+                                                   host_options_.gloo_timeout_seconds);
+          if (!why.empty()) throw CommunicationError(why);
+        }
       }
       if (++sets_created_ == fail_set_creation_at())
         throw Error(fmt::format("MPI_Comm_split (add_process_set) failed: {}",

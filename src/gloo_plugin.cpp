@@ -1,0 +1,305 @@
+// dtrain's Gloo plugin, libdtrain_gloo.so: the host collectives of DTRAIN_CPU_OPERATIONS=gloo,
+// over Gloo's TCP transport (Note [Gloo on the host path] in include/dtrain/comm/gloo_group.hpp).
+//
+// Note [Gloo behind dlopen]
+// libtorch carries its own Gloo, another version, and exports its symbols. A program that links
+// libtorch and Debian's libgloo would have every gloo:: call bound to whichever library the loader
+// finds first: dtrain's calls reached libtorch's Gloo with Debian's struct layouts and failed
+// ("listen: Socket operation on non-socket"). So dtrain's Gloo code lives in this library, which
+// links Debian's libgloo and exports only a C table of functions, and the engine loads it with
+// RTLD_DEEPBIND: its gloo:: references resolve in its own dependencies first, whatever the
+// program has loaded. Gloo's headers and library never reach a program that uses dtrain.
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoallv.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/device.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "dtrain/comm/gloo_api.hpp"
+#include "dtrain/comm/local_reduce.hpp"
+#include "dtrain/comm/mpi_error.hpp"
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::detail {
+namespace {
+
+
+// The interface Gloo listens on when DTRAIN_GLOO_IFACE names none: the first interface that is up,
+// not loopback and has an IPv4 address; loopback where there is no other (a single machine).
+// Gloo's own default resolves the host name, which need not name an address of this host's.
+inline std::string default_gloo_iface() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "lo";
+  std::string found;
+  for (ifaddrs* a = list; a && found.empty(); a = a->ifa_next) {
+    if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET) continue;
+    if (!(a->ifa_flags & IFF_UP) || (a->ifa_flags & IFF_LOOPBACK)) continue;
+    found = a->ifa_name;
+  }
+  freeifaddrs(list);
+  return found.empty() ? std::string("lo") : found;
+}
+
+class Group {
+ public:
+  // Collective over `comm`: every rank of it connects to every other. `iface`: the network
+  // interface to listen on (empty: default_gloo_iface()). `timeout`: how long any one call waits.
+  Group(MPI_Comm comm, const std::string& iface, std::chrono::milliseconds timeout) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    iface_ = iface.empty() ? default_gloo_iface() : iface;
+    std::string failure;
+    std::shared_ptr<gloo::transport::Device> device;
+    try {
+      gloo::transport::tcp::attr attr;
+      attr.iface = iface_;
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& ex) {
+      failure = ex.what();
+    }
+    // A rank that cannot open its device must not leave the others waiting for its address.
+    int failed = failure.empty() ? 0 : 1, any_failed = 0;
+    mpi_check(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm),
+              "MPI_Allreduce (Gloo set-up)");
+    if (any_failed)
+      throw CommunicationError(fmt::format(
+          "dtrain: DTRAIN_CPU_OPERATIONS=gloo: {}", failed ? fmt::format(
+              "Gloo could not listen on interface '{}' (DTRAIN_GLOO_IFACE): {}", iface_, failure)
+                                                          : std::string(
+              "another rank could not open its Gloo device (its error names the interface)")));
+    context_ = std::make_shared<Connected>(rank, size);
+    context_->setTimeout(timeout);
+    run("connect", [&] { context_->connect(comm, device); });
+  }
+
+  const std::string& iface() const noexcept { return iface_; }
+
+  // In place; `op` must not be Average (the caller folds it into a scale).
+  void allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op) {
+    if (n <= 0 || context_->size == 1) return;
+    run("allreduce", [&] {
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        gloo::AllreduceOptions opts(context_);
+        opts.setOutput(static_cast<T*>(buf), static_cast<std::size_t>(n));
+        opts.setReduceFunction([op](void* c, const void* a, const void* b, std::size_t count) {
+          if (c != a) std::memcpy(c, a, count * sizeof(T));
+          reduce_into(op, static_cast<const T*>(b), static_cast<T*>(c),
+                      static_cast<std::int64_t>(count));
+        });
+        opts.setTag(next_tag());
+        gloo::allreduce(opts);
+      });
+    });
+  }
+
+  // `counts[k]` elements from rank k, in rank order, into `recv`; this rank's block comes from
+  // `send`, or is already in place in `recv` when `send` is null.
+  void allgatherv(const void* send, void* recv, const std::vector<std::int64_t>& counts,
+                  DataType dtype) {
+    if (context_->size == 1) {
+      if (send && counts[0] > 0)
+        std::memcpy(recv, send, static_cast<std::size_t>(counts[0]) * element_size(dtype));
+      return;
+    }
+    run("allgatherv", [&] {
+      visit_dtype(dtype, [&](auto tag) {
+        using T = decltype(tag);
+        std::vector<std::size_t> elements(counts.begin(), counts.end());
+        gloo::AllgathervOptions opts(context_);
+        if (send)
+          opts.setInput(static_cast<T*>(const_cast<void*>(send)),
+                        elements[static_cast<std::size_t>(context_->rank)]);
+        opts.setOutput(static_cast<T*>(recv), std::move(elements));
+        opts.setTag(next_tag());
+        gloo::allgatherv(opts);
+      });
+    });
+  }
+
+  void broadcast(void* buf, std::int64_t n, DataType dtype, int root) {
+    if (n <= 0 || context_->size == 1) return;
+    run("broadcast", [&] {
+      gloo::BroadcastOptions opts(context_);
+      opts.setOutput(static_cast<std::uint8_t*>(buf),
+                     static_cast<std::size_t>(n) * element_size(dtype));
+      opts.setRoot(root);
+      opts.setTag(next_tag());
+      gloo::broadcast(opts);
+    });
+  }
+
+  void alltoallv(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
+                 const std::vector<std::int64_t>& recv_counts, DataType dtype) {
+    run("alltoallv", [&] {
+      const auto es = static_cast<std::int64_t>(element_size(dtype));
+      std::vector<std::int64_t> send_bytes(send_counts), recv_bytes(recv_counts);
+      for (auto& c : send_bytes) c *= es;
+      for (auto& c : recv_bytes) c *= es;
+      // Gloo's buffers need an address even when this rank sends or receives nothing.
+      std::uint8_t none = 0;
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(send ? static_cast<std::uint8_t*>(const_cast<void*>(send)) : &none,
+                    std::move(send_bytes));
+      opts.setOutput(recv ? static_cast<std::uint8_t*>(recv) : &none, std::move(recv_bytes));
+      opts.setTag(next_tag());
+      gloo::alltoallv(opts);
+    });
+  }
+
+ private:
+  // A gloo::Context whose pairs are connected through an MPI communicator instead of a store.
+  class Connected final : public gloo::Context {
+   public:
+    using gloo::Context::Context;
+    void connect(MPI_Comm comm, const std::shared_ptr<gloo::transport::Device>& device) {
+      auto transport = device->createContext(rank, size);
+      transport->setTimeout(getTimeout());
+      // Each rank listens once per peer; peer k must learn the address of this rank's pair for k.
+      std::vector<std::vector<char>> mine(static_cast<std::size_t>(size));
+      for (int k = 0; k < size; ++k)
+        if (k != rank) mine[static_cast<std::size_t>(k)] = transport->createPair(k)->address().bytes();
+      std::vector<int> send_len(static_cast<std::size_t>(size)), recv_len(send_len.size());
+      for (int k = 0; k < size; ++k)
+        send_len[static_cast<std::size_t>(k)] = static_cast<int>(mine[static_cast<std::size_t>(k)].size());
+      mpi_check(MPI_Alltoall(send_len.data(), 1, MPI_INT, recv_len.data(), 1, MPI_INT, comm),
+                "MPI_Alltoall (Gloo addresses)");
+      std::vector<int> send_at(send_len.size()), recv_at(recv_len.size());
+      std::vector<char> out, in;
+      for (int k = 0; k < size; ++k) {
+        send_at[static_cast<std::size_t>(k)] = static_cast<int>(out.size());
+        out.insert(out.end(), mine[static_cast<std::size_t>(k)].begin(),
+                   mine[static_cast<std::size_t>(k)].end());
+        recv_at[static_cast<std::size_t>(k)] = static_cast<int>(in.size());
+        in.resize(in.size() + static_cast<std::size_t>(recv_len[static_cast<std::size_t>(k)]));
+      }
+      mpi_check(MPI_Alltoallv(out.data(), send_len.data(), send_at.data(), MPI_CHAR, in.data(),
+                              recv_len.data(), recv_at.data(), MPI_CHAR, comm),
+                "MPI_Alltoallv (Gloo addresses)");
+      for (int k = 0; k < size; ++k) {
+        if (k == rank) continue;
+        const auto at = in.begin() + recv_at[static_cast<std::size_t>(k)];
+        transport->getPair(k)->connect(
+            std::vector<char>(at, at + recv_len[static_cast<std::size_t>(k)]));
+      }
+      device_ = device;
+      transportContext_ = std::move(transport);
+    }
+  };
+
+  template <class F>
+  void run(std::string_view call, F&& f) {
+    try {
+      f();
+    } catch (const gloo::Exception& ex) {
+      throw CommunicationError(fmt::format("dtrain: Gloo {} failed: {}", call, ex.what()));
+    }
+  }
+
+  std::uint32_t next_tag() noexcept { return tag_++; }
+
+  std::shared_ptr<Connected> context_;
+  std::string iface_;
+  std::uint32_t tag_ = 0;
+};
+
+}  // namespace
+}  // namespace dtrain::detail
+
+namespace {
+
+using dtrain::detail::Group;
+
+// Runs f, turning any exception into 1 and its text in `error`.
+template <class F>
+int guarded(char* error, std::size_t capacity, F&& f) noexcept {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& ex) {
+    if (capacity > 0) {
+      std::strncpy(error, ex.what(), capacity - 1);
+      error[capacity - 1] = '\0';
+    }
+    return 1;
+  }
+}
+
+std::vector<std::int64_t> to_vector(const std::int64_t* counts, int ranks) {
+  return std::vector<std::int64_t>(counts, counts + ranks);
+}
+
+DtrainGlooGroup* connect(MPI_Comm comm, const char* iface, std::int64_t timeout_ms, char* error,
+                         std::size_t capacity) {
+  Group* group = nullptr;
+  guarded(error, capacity, [&] {
+    group = new Group(comm, iface ? iface : "", std::chrono::milliseconds(timeout_ms));
+  });
+  return reinterpret_cast<DtrainGlooGroup*>(group);
+}
+
+void destroy(DtrainGlooGroup* g) { delete reinterpret_cast<Group*>(g); }
+
+int allreduce(DtrainGlooGroup* g, void* buf, std::int64_t n, int dtype, int op, char* error,
+              std::size_t capacity) {
+  return guarded(error, capacity, [&] {
+    reinterpret_cast<Group*>(g)->allreduce(buf, n, static_cast<dtrain::DataType>(dtype),
+                                           static_cast<dtrain::ReduceOp>(op));
+  });
+}
+
+int allgatherv(DtrainGlooGroup* g, const void* send, void* recv, const std::int64_t* counts,
+               int ranks, int dtype, char* error, std::size_t capacity) {
+  return guarded(error, capacity, [&] {
+    reinterpret_cast<Group*>(g)->allgatherv(send, recv, to_vector(counts, ranks),
+                                            static_cast<dtrain::DataType>(dtype));
+  });
+}
+
+int broadcast(DtrainGlooGroup* g, void* buf, std::int64_t n, int dtype, int root, char* error,
+              std::size_t capacity) {
+  return guarded(error, capacity, [&] {
+    reinterpret_cast<Group*>(g)->broadcast(buf, n, static_cast<dtrain::DataType>(dtype), root);
+  });
+}
+
+int alltoallv(DtrainGlooGroup* g, const void* send, const std::int64_t* send_counts, void* recv,
+              const std::int64_t* recv_counts, int ranks, int dtype, char* error,
+              std::size_t capacity) {
+  return guarded(error, capacity, [&] {
+    reinterpret_cast<Group*>(g)->alltoallv(send, to_vector(send_counts, ranks), recv,
+                                           to_vector(recv_counts, ranks),
+                                           static_cast<dtrain::DataType>(dtype));
+  });
+}
+
+const char* interface_of(DtrainGlooGroup* g) { return reinterpret_cast<Group*>(g)->iface().c_str(); }
+
+const DtrainGlooApi api = {DTRAIN_GLOO_API_VERSION, connect, destroy, interface_of, allreduce,
+                           allgatherv, broadcast, alltoallv};
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) const DtrainGlooApi* dtrain_gloo_api() {
+  return &api;
+}
