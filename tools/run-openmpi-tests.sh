@@ -5,7 +5,7 @@
 #   collectives, grouped collectives and error classes (tests/mpi), negotiation and process sets
 #   (tests/engine), rank failures within a job and the process faults in which every rank stays in
 #   the job (a stopped rank, pauses; tests/reliability), jobs through dtrainrun (tests/launcher),
-#   and the add_subdirectory packaging consumer.
+#   the add_subdirectory packaging consumer, and host tensors over the Gloo plugin.
 # The rest of the suite runs against MPICH only (tools/run-tests.sh): the subset keeps the whole
 # test command inside its time budget on 2 cores. Needs tools/install-deps.sh --openmpi.
 #
@@ -18,7 +18,7 @@ unset DTRAIN_OPENMPI_BUILD_DIR
 
 targets=(mpi_allreduce_test mpi_collectives_test mpi_grouped_collectives_test mpi_errors_test
          engine_negotiation engine_process_sets reliability_faults reliability_fault_program
-         launcher_topology_probe dtrain_build_info)
+         launcher_topology_probe dtrain_build_info mpi_gloo_test)
 # Every test by its full name: one that is renamed or no longer defined fails the run below
 # instead of silently dropping out of a pattern.
 tests=()
@@ -30,7 +30,8 @@ tests+=(mpi_grouped_collectives_test.np3  # defined for 1, 3 and 4 ranks
         reliability_stop.np3 reliability_freeze.np2 reliability_freeze.np3
         reliability_stop-timeout-of-rank0.np3 reliability_pause-all.np3 reliability_pause-one.np3
         reliability_pause-one-no-timeout.np3
-        launcher_run launcher_run_output packaging.add_subdirectory)
+        launcher_run launcher_run_output packaging.add_subdirectory
+        mpi_gloo_test.np2 mpi_gloo_test.np3 mpi_collectives_test.gloo.np3)  # Gloo's plugin under Open MPI
 joined=$(IFS='|'; echo "${tests[*]}")
 pattern="^(${joined//./[.]})\$"
 

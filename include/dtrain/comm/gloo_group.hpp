@@ -46,12 +46,20 @@ inline const DtrainGlooApi& gloo_api() {
 #ifdef DTRAIN_GLOO_PLUGIN
   static const DtrainGlooApi* const api = [] {
     // RTLD_DEEPBIND: the plugin's gloo:: symbols resolve in its own libgloo, never in a Gloo the
-    // program already has (libtorch's): Note [Gloo behind dlopen].
-    void* lib = dlopen(DTRAIN_GLOO_PLUGIN, RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
-    if (!lib)
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: DTRAIN_CPU_OPERATIONS=gloo: cannot load dtrain's Gloo plugin {}: {}",
-          DTRAIN_GLOO_PLUGIN, dlerror()));
+    // program already has (libtorch's): Note [Gloo behind dlopen]. Where the path this engine was
+    // compiled with is gone (a compiled dtrain installed elsewhere), the loader's search finds
+    // the installed copy (ld.so.conf, LD_LIBRARY_PATH).
+    constexpr int mode = RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND;
+    void* lib = dlopen(DTRAIN_GLOO_PLUGIN, mode);
+    if (!lib) {
+      const std::string first = dlerror();
+      lib = dlopen("libdtrain_gloo.so", mode);
+      if (!lib)
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DTRAIN_CPU_OPERATIONS=gloo: cannot load dtrain's Gloo plugin: {}; nor "
+            "libdtrain_gloo.so from the loader's search path (LD_LIBRARY_PATH): {}",
+            first, dlerror()));
+    }
     auto* entry = reinterpret_cast<const DtrainGlooApi* (*)()>(dlsym(lib, "dtrain_gloo_api"));
     const DtrainGlooApi* table = entry ? entry() : nullptr;
     if (!table || table->version != DTRAIN_GLOO_API_VERSION)
