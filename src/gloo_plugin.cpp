@@ -90,6 +90,10 @@ class Group {
     context_ = std::make_shared<Connected>(rank, size);
     context_->setTimeout(timeout);
     run("connect", [&] { context_->connect(comm, device); });
+    // Connected, the calls wait without a limit of their own: the engine's watchdog enforces the
+    // op deadline, discounting this process's pauses and naming the ranks that did not arrive,
+    // as it does for MPI's blocking calls (Note [One op deadline] in runtime/op_deadline.hpp).
+    context_->wait_without_limit();
   }
 
   const std::string& iface() const noexcept { return iface_; }
@@ -204,6 +208,11 @@ class Group {
       }
       device_ = device;
       transportContext_ = std::move(transport);
+    }
+    void wait_without_limit() {
+      const auto year = std::chrono::milliseconds(std::chrono::hours(24 * 365));
+      setTimeout(year);
+      transportContext_->setTimeout(year);
     }
   };
 

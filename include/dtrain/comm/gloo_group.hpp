@@ -18,8 +18,10 @@
 // by a knob as in Horovod (HOROVOD_CPU_OPERATIONS): an existing library, not a transport of our
 // own. MPI stays the launcher, the control plane (negotiation, heartbeats) and the rendezvous:
 // the ranks of a communicator exchange their Gloo addresses with one MPI_Alltoallv and connect
-// every pair, so no store or extra port is needed. Every Gloo call waits at most the agreed op
-// deadline (DTRAIN_OP_TIMEOUT_SECONDS), and a failure becomes a CommunicationError naming it.
+// every pair, so no store or extra port is needed. Connecting waits at most the agreed op
+// deadline; the collectives then wait without a limit of Gloo's own, and the engine's watchdog
+// enforces the op deadline as for MPI's blocking calls (pauses discounted, late ranks named). A
+// failure (a peer's connection lost) becomes a CommunicationError naming the call.
 #include <dlfcn.h>
 #include <mpi.h>
 
@@ -80,7 +82,7 @@ class GlooGroup {
  public:
   // Collective over `comm`: every rank of it connects to every other. `iface`: the network
   // interface to listen on (empty: the first that is up, not loopback and has an IPv4 address).
-  // `timeout`: how long any one call waits.
+  // `timeout`: how long connecting waits; the collectives wait without a limit.
   GlooGroup(MPI_Comm comm, const std::string& iface, std::chrono::milliseconds timeout)
       : api_(gloo_api()) {
     group_ = api_.connect(comm, iface.c_str(), timeout.count(), error_.data(), error_.size());
@@ -127,7 +129,7 @@ class GlooGroup {
 };
 
 // Collective over `comm`: connects its ranks through Gloo, listening on `iface` (empty: the
-// default), each call waiting at most `timeout_seconds` (0: no limit).
+// default), waiting at most `timeout_seconds` for the connections (0: no limit).
 inline std::shared_ptr<GlooGroup> connect_gloo(MPI_Comm comm, const std::string& iface,
                                                double timeout_seconds) {
   const auto timeout =

@@ -32,7 +32,7 @@ inline constexpr std::string_view gpu_ops =
     "staging over MPI where NCCL cannot serve (docs/device.md)";
 inline constexpr std::string_view gloo =
     "dtrain starts its ranks and negotiates with MPI, which is also the rendezvous of its Gloo "
-    "host path (DTRAIN_CPU_OPERATIONS=gloo); DTRAIN_OP_TIMEOUT_SECONDS bounds each Gloo call";
+    "host path (DTRAIN_CPU_OPERATIONS=gloo); DTRAIN_OP_TIMEOUT_SECONDS bounds each op";
 inline constexpr std::string_view gloo_rank =
     "horovodrun sets it for Gloo ranks; dtrain takes ranks and hosts from MPI (DTRAIN_HOST_ID "
     "emulates hosts)";

@@ -89,7 +89,7 @@ class HostBackend final : public Backend {
     // connects its own from these settings. No hierarchy: Gloo's ring spans every rank.
     bool gloo = false;
     std::string gloo_iface;           // Config::gloo_iface
-    double gloo_timeout_seconds = 0;  // the agreed op deadline; 0: none
+    double gloo_timeout_seconds = 0;  // for connecting: the agreed op deadline; 0: none
     std::shared_ptr<GlooGroup> gloo_group;
   };
   explicit HostBackend(Options options) : opt_(std::move(options)) {
