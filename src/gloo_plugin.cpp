@@ -8,7 +8,10 @@
 // ("listen: Socket operation on non-socket"). So dtrain's Gloo code lives in this library, which
 // links Debian's libgloo and exports only a C table of functions, and the engine loads it with
 // RTLD_DEEPBIND: its gloo:: references resolve in its own dependencies first, whatever the
-// program has loaded. Gloo's headers and library never reach a program that uses dtrain.
+// program has loaded. Gloo's headers and library never reach a program that uses dtrain. The
+// plugin makes no MPI call: under RTLD_DEEPBIND, Open MPI's predefined handles (MPI_INT and
+// MPI_MAX are the addresses of objects that the program holds copies of) resolved to libmpi's
+// unused originals and crashed; the engine exchanges the Gloo addresses over MPI itself.
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
@@ -36,7 +39,6 @@
 
 #include "dtrain/comm/gloo_api.hpp"
 #include "dtrain/comm/local_reduce.hpp"
-#include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
@@ -61,35 +63,30 @@ inline std::string default_gloo_iface() {
 
 class Group {
  public:
-  // Collective over `comm`: every rank of it connects to every other. `iface`: the network
-  // interface to listen on (empty: default_gloo_iface()). `timeout`: how long any one call waits.
-  Group(MPI_Comm comm, const std::string& iface, std::chrono::milliseconds timeout) {
-    int rank = 0, size = 1;
-    MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &size);
+  // Opens the device on `iface` (empty: default_gloo_iface()) and a listening pair for each peer;
+  // connect() completes it with the peers' addresses. `timeout`: how long connecting waits.
+  Group(const std::string& iface, int rank, int size, std::chrono::milliseconds timeout) {
     iface_ = iface.empty() ? default_gloo_iface() : iface;
-    std::string failure;
-    std::shared_ptr<gloo::transport::Device> device;
     try {
       gloo::transport::tcp::attr attr;
       attr.iface = iface_;
-      device = gloo::transport::tcp::CreateDevice(attr);
+      device_ = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& ex) {
-      failure = ex.what();
-    }
-    // A rank that cannot open its device must not leave the others waiting for its address.
-    int failed = failure.empty() ? 0 : 1, any_failed = 0;
-    mpi_check(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm),
-              "MPI_Allreduce (Gloo set-up)");
-    if (any_failed)
       throw CommunicationError(fmt::format(
-          "dtrain: DTRAIN_CPU_OPERATIONS=gloo: {}", failed ? fmt::format(
-              "Gloo could not listen on interface '{}' (DTRAIN_GLOO_IFACE): {}", iface_, failure)
-                                                          : std::string(
-              "another rank could not open its Gloo device (its error names the interface)")));
+          "dtrain: DTRAIN_CPU_OPERATIONS=gloo: Gloo could not listen on interface '{}' "
+          "(DTRAIN_GLOO_IFACE): {}", iface_, ex.what()));
+    }
     context_ = std::make_shared<Connected>(rank, size);
     context_->setTimeout(timeout);
-    run("connect", [&] { context_->connect(comm, device); });
+    run("listen", [&] { context_->listen(device_); });
+  }
+
+  // This rank's address for `peer`: what `peer` passes to connect() for this rank.
+  const std::vector<char>& address_for(int peer) const { return context_->address_for(peer); }
+
+  // `addresses[k]`: peer k's address for this rank (empty for this rank).
+  void connect(const std::vector<std::vector<char>>& addresses) {
+    run("connect", [&] { context_->connect(addresses, device_); });
     // Connected, the calls wait without a limit of their own: the engine's watchdog enforces the
     // op deadline, discounting this process's pauses and naming the ranks that did not arrive,
     // as it does for MPI's blocking calls (Note [One op deadline] in runtime/op_deadline.hpp).
@@ -172,48 +169,38 @@ class Group {
   }
 
  private:
-  // A gloo::Context whose pairs are connected through an MPI communicator instead of a store.
+  // A gloo::Context whose pairs are connected from addresses the engine exchanged over MPI,
+  // instead of through a store. No MPI call here (Note [Gloo behind dlopen]).
   class Connected final : public gloo::Context {
    public:
     using gloo::Context::Context;
-    void connect(MPI_Comm comm, const std::shared_ptr<gloo::transport::Device>& device) {
-      auto transport = device->createContext(rank, size);
-      transport->setTimeout(getTimeout());
-      // Each rank listens once per peer; peer k must learn the address of this rank's pair for k.
-      std::vector<std::vector<char>> mine(static_cast<std::size_t>(size));
+    void listen(const std::shared_ptr<gloo::transport::Device>& device) {
+      transport_ = device->createContext(rank, size);
+      transport_->setTimeout(getTimeout());
+      addresses_.resize(static_cast<std::size_t>(size));
       for (int k = 0; k < size; ++k)
-        if (k != rank) mine[static_cast<std::size_t>(k)] = transport->createPair(k)->address().bytes();
-      std::vector<int> send_len(static_cast<std::size_t>(size)), recv_len(send_len.size());
+        if (k != rank)
+          addresses_[static_cast<std::size_t>(k)] = transport_->createPair(k)->address().bytes();
+    }
+    const std::vector<char>& address_for(int peer) const {
+      return addresses_.at(static_cast<std::size_t>(peer));
+    }
+    void connect(const std::vector<std::vector<char>>& peers,
+                 const std::shared_ptr<gloo::transport::Device>& device) {
       for (int k = 0; k < size; ++k)
-        send_len[static_cast<std::size_t>(k)] = static_cast<int>(mine[static_cast<std::size_t>(k)].size());
-      mpi_check(MPI_Alltoall(send_len.data(), 1, MPI_INT, recv_len.data(), 1, MPI_INT, comm),
-                "MPI_Alltoall (Gloo addresses)");
-      std::vector<int> send_at(send_len.size()), recv_at(recv_len.size());
-      std::vector<char> out, in;
-      for (int k = 0; k < size; ++k) {
-        send_at[static_cast<std::size_t>(k)] = static_cast<int>(out.size());
-        out.insert(out.end(), mine[static_cast<std::size_t>(k)].begin(),
-                   mine[static_cast<std::size_t>(k)].end());
-        recv_at[static_cast<std::size_t>(k)] = static_cast<int>(in.size());
-        in.resize(in.size() + static_cast<std::size_t>(recv_len[static_cast<std::size_t>(k)]));
-      }
-      mpi_check(MPI_Alltoallv(out.data(), send_len.data(), send_at.data(), MPI_CHAR, in.data(),
-                              recv_len.data(), recv_at.data(), MPI_CHAR, comm),
-                "MPI_Alltoallv (Gloo addresses)");
-      for (int k = 0; k < size; ++k) {
-        if (k == rank) continue;
-        const auto at = in.begin() + recv_at[static_cast<std::size_t>(k)];
-        transport->getPair(k)->connect(
-            std::vector<char>(at, at + recv_len[static_cast<std::size_t>(k)]));
-      }
+        if (k != rank) transport_->getPair(k)->connect(peers.at(static_cast<std::size_t>(k)));
       device_ = device;
-      transportContext_ = std::move(transport);
+      transportContext_ = std::move(transport_);
     }
     void wait_without_limit() {
       const auto year = std::chrono::milliseconds(std::chrono::hours(24 * 365));
       setTimeout(year);
       transportContext_->setTimeout(year);
     }
+
+   private:
+    std::shared_ptr<gloo::transport::Context> transport_;  // until connected
+    std::vector<std::vector<char>> addresses_;             // this rank's, one per peer
   };
 
   template <class F>
@@ -227,6 +214,7 @@ class Group {
 
   std::uint32_t next_tag() noexcept { return tag_++; }
 
+  std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<Connected> context_;
   std::string iface_;
   std::uint32_t tag_ = 0;
@@ -258,13 +246,30 @@ std::vector<std::int64_t> to_vector(const std::int64_t* counts, int ranks) {
   return std::vector<std::int64_t>(counts, counts + ranks);
 }
 
-DtrainGlooGroup* connect(MPI_Comm comm, const char* iface, std::int64_t timeout_ms, char* error,
-                         std::size_t capacity) {
+DtrainGlooGroup* create(const char* iface, int rank, int size, std::int64_t timeout_ms,
+                        char* error, std::size_t capacity) {
   Group* group = nullptr;
   guarded(error, capacity, [&] {
-    group = new Group(comm, iface ? iface : "", std::chrono::milliseconds(timeout_ms));
+    group = new Group(iface ? iface : "", rank, size, std::chrono::milliseconds(timeout_ms));
   });
   return reinterpret_cast<DtrainGlooGroup*>(group);
+}
+
+int address_for(DtrainGlooGroup* g, int peer, const char** bytes, std::size_t* length) {
+  const std::vector<char>& a = reinterpret_cast<Group*>(g)->address_for(peer);
+  *bytes = a.data();
+  *length = a.size();
+  return 0;
+}
+
+int connect(DtrainGlooGroup* g, const char* const* addresses, const std::size_t* lengths,
+            int ranks, char* error, std::size_t capacity) {
+  return guarded(error, capacity, [&] {
+    std::vector<std::vector<char>> peers(static_cast<std::size_t>(ranks));
+    for (int k = 0; k < ranks; ++k)
+      peers[static_cast<std::size_t>(k)].assign(addresses[k], addresses[k] + lengths[k]);
+    reinterpret_cast<Group*>(g)->connect(peers);
+  });
 }
 
 void destroy(DtrainGlooGroup* g) { delete reinterpret_cast<Group*>(g); }
@@ -304,8 +309,8 @@ int alltoallv(DtrainGlooGroup* g, const void* send, const std::int64_t* send_cou
 
 const char* interface_of(DtrainGlooGroup* g) { return reinterpret_cast<Group*>(g)->iface().c_str(); }
 
-const DtrainGlooApi api = {DTRAIN_GLOO_API_VERSION, connect, destroy, interface_of, allreduce,
-                           allgatherv, broadcast, alltoallv};
+const DtrainGlooApi api = {DTRAIN_GLOO_API_VERSION, create, address_for, connect, destroy,
+                           interface_of, allreduce, allgatherv, broadcast, alltoallv};
 
 }  // namespace
 

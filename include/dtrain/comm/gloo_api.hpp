@@ -1,10 +1,9 @@
 #pragma once
 // The table of functions dtrain's Gloo plugin (libdtrain_gloo.so, src/gloo_plugin.cpp) exports, and
 // the engine calls (comm/gloo_group.hpp): a C interface, so no C++ type or exception crosses the
-// boundary of a library loaded with RTLD_DEEPBIND (Note [Gloo behind dlopen]). Each call returns 0,
-// or 1 with the cause in `error` (at most `capacity` bytes, terminated).
-#include <mpi.h>
-
+// boundary of a library loaded with RTLD_DEEPBIND (Note [Gloo behind dlopen]), and no MPI: the
+// engine exchanges the addresses. Each call returns 0, or 1 with the cause in `error` (at most
+// `capacity` bytes, terminated).
 #include <cstddef>
 #include <cstdint>
 
@@ -12,13 +11,19 @@ extern "C" {
 
 struct DtrainGlooGroup;  // one communicator's Gloo connections
 
-#define DTRAIN_GLOO_API_VERSION 1
+#define DTRAIN_GLOO_API_VERSION 2
 
 struct DtrainGlooApi {
   int version;  // DTRAIN_GLOO_API_VERSION of the plugin
-  // Collective over `comm`; null on failure. `iface` empty: the plugin's default interface.
-  DtrainGlooGroup* (*connect)(MPI_Comm comm, const char* iface, std::int64_t timeout_ms,
-                              char* error, std::size_t capacity);
+  // Opens the device on `iface` (empty: the plugin's default) and listens for each peer; null on
+  // failure. `timeout_ms`: how long connect() waits.
+  DtrainGlooGroup* (*create)(const char* iface, int rank, int ranks, std::int64_t timeout_ms,
+                             char* error, std::size_t capacity);
+  // This rank's address for `peer` (valid until connect()).
+  int (*address_for)(DtrainGlooGroup* group, int peer, const char** bytes, std::size_t* length);
+  // addresses[k], lengths[k]: peer k's address for this rank (this rank's entry unused).
+  int (*connect)(DtrainGlooGroup* group, const char* const* addresses, const std::size_t* lengths,
+                 int ranks, char* error, std::size_t capacity);
   void (*destroy)(DtrainGlooGroup* group);
   const char* (*interface_of)(DtrainGlooGroup* group);
   // dtype: a dtrain::DataType, op: a dtrain::ReduceOp (not Average), as integers.

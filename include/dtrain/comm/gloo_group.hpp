@@ -37,6 +37,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/comm/gloo_api.hpp"
+#include "dtrain/comm/mpi_error.hpp"
 #include "dtrain/comm/reduce_op.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/tensor/dtype.hpp"
@@ -85,9 +86,55 @@ class GlooGroup {
   // `timeout`: how long connecting waits; the collectives wait without a limit.
   GlooGroup(MPI_Comm comm, const std::string& iface, std::chrono::milliseconds timeout)
       : api_(gloo_api()) {
-    group_ = api_.connect(comm, iface.c_str(), timeout.count(), error_.data(), error_.size());
-    if (!group_) throw CommunicationError(error_.data());
+    int rank = 0;
+    MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &ranks_);
+    group_ = api_.create(iface.c_str(), rank, ranks_, timeout.count(), error_.data(),
+                         error_.size());
+    // A rank that cannot open its device must not leave the others waiting for its addresses.
+    int failed = group_ ? 0 : 1, any_failed = 0;
+    mpi_check(MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, comm),
+              "MPI_Allreduce (Gloo set-up)");
+    if (any_failed) {
+      const std::string why =
+          group_ ? "dtrain: DTRAIN_CPU_OPERATIONS=gloo: another rank could not open its Gloo "
+                   "device (its error names the interface)"
+                 : std::string(error_.data());
+      if (group_) api_.destroy(group_);
+      throw CommunicationError(why);
+    }
+    // Peer k needs this rank's address for k: one alltoallv of the lengths, one of the bytes.
+    const auto n = static_cast<std::size_t>(ranks_);
+    std::vector<int> send_len(n), recv_len(n), send_at(n), recv_at(n);
+    std::vector<char> out, in;
+    for (int k = 0; k < ranks_; ++k) {
+      const char* bytes = nullptr;
+      std::size_t length = 0;
+      if (k != rank) api_.address_for(group_, k, &bytes, &length);
+      send_at[static_cast<std::size_t>(k)] = static_cast<int>(out.size());
+      send_len[static_cast<std::size_t>(k)] = static_cast<int>(length);
+      out.insert(out.end(), bytes, bytes + length);
+    }
+    mpi_check(MPI_Alltoall(send_len.data(), 1, MPI_INT, recv_len.data(), 1, MPI_INT, comm),
+              "MPI_Alltoall (Gloo addresses)");
+    for (std::size_t k = 0; k < n; ++k) {
+      recv_at[k] = static_cast<int>(in.size());
+      in.resize(in.size() + static_cast<std::size_t>(recv_len[k]));
+    }
+    mpi_check(MPI_Alltoallv(out.data(), send_len.data(), send_at.data(), MPI_CHAR, in.data(),
+                            recv_len.data(), recv_at.data(), MPI_CHAR, comm),
+              "MPI_Alltoallv (Gloo addresses)");
+    std::vector<const char*> peers(n);
+    std::vector<std::size_t> lengths(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      peers[k] = in.data() + recv_at[k];
+      lengths[k] = static_cast<std::size_t>(recv_len[k]);
+    }
+    if (api_.connect(group_, peers.data(), lengths.data(), ranks_, error_.data(),
+                     error_.size())) {
+      api_.destroy(group_);
+      throw CommunicationError(error_.data());
+    }
   }
   GlooGroup(const GlooGroup&) = delete;
   GlooGroup& operator=(const GlooGroup&) = delete;
