@@ -134,28 +134,27 @@ void run_collectives() {
   }
 }
 
+// The collectives with host tensors over `cpu_operations`: the float MPI calls they posted.
+std::int64_t float_calls_of_collectives(const std::string& cpu_operations) {
+  dtrain::shutdown();
+  dtrain::Config config = dtrain::Config::from_env();
+  config.cpu_operations = cpu_operations;
+  dtrain::init(config);
+  const std::int64_t before = float_calls.load();
+  run_collectives();
+  dtrain::shutdown();
+  return float_calls.load() - before;
+}
+
 }  // namespace
 
 TEST_CASE("with DTRAIN_CPU_OPERATIONS=gloo every host collective is right and MPI carries none") {
-  dtrain::shutdown();
-  dtrain::Config config = dtrain::Config::from_env();
-  config.cpu_operations = "gloo";
-  dtrain::init(config);
-  const std::int64_t before = float_calls.load();
-  run_collectives();
-  CHECK(float_calls.load() - before == 0);
-  dtrain::shutdown();
+  CHECK(float_calls_of_collectives("gloo") == 0);
 }
 
 TEST_CASE("the same collectives over MPI do post float MPI calls (the counter sees them)") {
-  dtrain::shutdown();
-  dtrain::Config config = dtrain::Config::from_env();
-  config.cpu_operations = "mpi";
-  dtrain::init(config);
-  const std::int64_t before = float_calls.load();
-  run_collectives();
-  if (world_size() > 1) CHECK(float_calls.load() - before > 0);
-  dtrain::shutdown();
+  const std::int64_t calls = float_calls_of_collectives("mpi");
+  if (world_size() > 1) CHECK(calls > 0);
 }
 
 TEST_CASE("a Gloo interface that does not exist fails init on every rank, naming it") {

@@ -52,15 +52,8 @@ function(dtrain_add_test name)
     set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "${T_ENV}"
                          LABELS "unit;${T_LABELS}" SKIP_RETURN_CODE 77)
   else()
-    foreach(n IN LISTS T_RANKS)
-      add_test(NAME ${name}.np${n}
-               COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${_dtrain_oversubscribe}
-                       ${DTRAIN_TEST_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}>
-                       ${MPIEXEC_POSTFLAGS})
-      set_tests_properties(${name}.np${n} PROPERTIES TIMEOUT ${T_TIMEOUT}
-                           ENVIRONMENT "${T_ENV}" PROCESSORS ${n} LABELS "mpi;${T_LABELS}"
-                           SKIP_RETURN_CODE 77)
-    endforeach()
+    dtrain_add_test_run(${name} TARGET ${name} RANKS ${T_RANKS} TIMEOUT ${T_TIMEOUT}
+                        ENV ${T_ENV} LABELS ${T_LABELS})
   endif()
 endfunction()
 

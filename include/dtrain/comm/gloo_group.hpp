@@ -28,6 +28,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string>
@@ -85,7 +86,7 @@ class GlooGroup {
   // interface to listen on (empty: the first that is up, not loopback and has an IPv4 address).
   // `timeout`: how long connecting waits; the collectives wait without a limit.
   GlooGroup(MPI_Comm comm, const std::string& iface, std::chrono::milliseconds timeout)
-      : api_(gloo_api()) {
+      : api_(gloo_api()), requested_iface_(iface), timeout_(timeout) {
     int rank = 0;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &ranks_);
@@ -141,6 +142,11 @@ class GlooGroup {
   ~GlooGroup() { api_.destroy(group_); }
 
   std::string iface() const { return api_.interface_of(group_); }
+  // What this group was made with, for a process set's group to be made alike.
+  const std::string& requested_iface() const noexcept { return requested_iface_; }
+  double connect_timeout_seconds() const noexcept {
+    return std::chrono::duration<double>(timeout_).count();
+  }
 
   // In place; `op` must not be Average (the caller folds it into a scale).
   void allreduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op) {
@@ -158,6 +164,23 @@ class GlooGroup {
     check(api_.broadcast(group_, buf, n, static_cast<int>(dtype), root, error_.data(),
                          error_.size()));
   }
+  // Gloo has no reduce-scatter of per-rank counts: the whole input is reduced and this rank keeps
+  // its block (twice the bytes of a ring reduce-scatter).
+  void reduce_scatter(const void* send, void* out, const std::vector<std::int64_t>& counts,
+                      int rank, DataType dtype, ReduceOp op) {
+    const auto es = static_cast<std::int64_t>(element_size(dtype));
+    std::int64_t total = 0, before = 0;
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      if (static_cast<int>(k) < rank) before += counts[k];
+      total += counts[k];
+    }
+    scratch_.resize(static_cast<std::size_t>(total * es));
+    if (total > 0) std::memcpy(scratch_.data(), send, scratch_.size());
+    allreduce(scratch_.data(), total, dtype, op);
+    if (counts[static_cast<std::size_t>(rank)] > 0)
+      std::memcpy(out, scratch_.data() + before * es,
+                  static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)] * es));
+  }
   void alltoallv(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
                  const std::vector<std::int64_t>& recv_counts, DataType dtype) {
     check(api_.alltoallv(group_, send, send_counts.data(), recv, recv_counts.data(), ranks_,
@@ -170,6 +193,9 @@ class GlooGroup {
   }
 
   const DtrainGlooApi& api_;
+  std::string requested_iface_;
+  std::chrono::milliseconds timeout_;
+  std::vector<char> scratch_;  // reduce_scatter's, kept between calls
   DtrainGlooGroup* group_ = nullptr;
   int ranks_ = 1;
   mutable std::array<char, 1024> error_{};

@@ -94,18 +94,14 @@ class Engine {
     // on every rank: the others would otherwise wait forever for a coordinator that never started.
     std::string why = agree_on_setup(std::move(setup_error), control_);
     if (!agreed.error.empty()) why = agreed.error;
-    std::shared_ptr<GlooGroup> gloo;  // Note [Gloo on the host path] in comm/gloo_group.hpp
+    HostBackend::Options ho;  // Note [Gloo on the host path] in comm/gloo_group.hpp
     if (why.empty() && config.cpu_operations == "gloo")
-      why = agree_on_failures(
-          try_connect_gloo(gloo, data_, config.gloo_iface, agreed.op_timeout_seconds), control_);
+      why = agree_on_failures(try_connect_gloo(ho.gloo_group, data_, config.gloo_iface,
+                                               agreed.op_timeout_seconds), control_);
     if (!why.empty()) {
-      if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
-      if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
-      MPI_Comm_free(&control_);
-      MPI_Comm_free(&data_);
+      release_communicators();
       throw InvalidArgumentError(why);
     }
-    HostBackend::Options ho;
     ho.comm = data_;
     ho.chunk_bytes = config.mpi_chunk_bytes;
     ho.pipeline = config.fusion_pipeline;
@@ -116,10 +112,6 @@ class Engine {
     ho.direct_segments = agreed.direct_segments;
     ho.wait = data_wait(config, hierarchy_);
     ho.pieces_in_flight = config.mpi_pieces_in_flight;
-    ho.gloo = gloo != nullptr;
-    ho.gloo_iface = config.gloo_iface;
-    ho.gloo_timeout_seconds = agreed.op_timeout_seconds;
-    ho.gloo_group = std::move(gloo);
     direct_segments_ = agreed.direct_segments;
     ResponseExecutor::Context ec;
     ec.rank = rank_;

@@ -86,20 +86,14 @@ class HostBackend final : public Backend {
     int pieces_in_flight = 1;  // Config::mpi_pieces_in_flight (Note [Pieces in flight])
     // DTRAIN_CPU_OPERATIONS=gloo: the data collectives go over `gloo_group`, connected over
     // `comm` (Note [Gloo on the host path] in comm/gloo_group.hpp); a process set's executor
-    // connects its own from these settings. No hierarchy: Gloo's ring spans every rank.
-    bool gloo = false;
-    std::string gloo_iface;           // Config::gloo_iface
-    double gloo_timeout_seconds = 0;  // for connecting: the agreed op deadline; 0: none
+    // connects its own like it. No hierarchy: Gloo's ring spans every rank.
     std::shared_ptr<GlooGroup> gloo_group;
   };
   explicit HostBackend(Options options) : opt_(std::move(options)) {
     MPI_Comm_rank(opt_.comm, &rank_);
     MPI_Comm_size(opt_.comm, &size_);
-    if (opt_.gloo) {
-      if (!opt_.gloo_group) throw Error("dtrain: a Gloo host backend needs its connected group");
-      opt_.hierarchical = false;
-    }
     gloo_ = opt_.gloo_group.get();
+    if (gloo_) opt_.hierarchical = false;
     const Options& o = opt_;
     // Without the host layout, assume the worst: every rank on this host.
     ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
@@ -113,7 +107,7 @@ class HostBackend final : public Backend {
   void retune(bool pipeline, bool hierarchical) {
     opt_.pipeline = pipeline;
     overlap_ = pipeline && overlap_pays(ranks_on_host_);
-    opt_.hierarchical = hierarchical && opt_.hierarchy.valid() && !opt_.gloo;
+    opt_.hierarchical = hierarchical && opt_.hierarchy.valid() && !gloo_;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -240,7 +234,7 @@ class HostBackend final : public Backend {
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
-    if (overlap_ || opt_.hierarchical || opt_.gloo) {
+    if (overlap_ || opt_.hierarchical || gloo_) {
       // A helper thread packs and unpacks around one piece at a time (Note [Fusion pipeline]); the
       // hierarchy's steps run on three communicators, and Gloo's on its own, one piece at a time.
       pipeline_.run(job, [&](std::int64_t k) {
@@ -422,7 +416,7 @@ class HostBackend final : public Backend {
       send = tmp;
     }
     auto t0 = Clock::now();
-    if (gloo_) gloo_reduce_scatter(send, out, counts, r.dtype, effective_op(r));
+    if (gloo_) gloo_->reduce_scatter(send, out, counts, rank_, r.dtype, effective_op(r));
     else
     host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype),
                         opt_.wait);
@@ -430,23 +424,7 @@ class HostBackend final : public Backend {
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_REDUCESCATTER", t0, Clock::now());
   }
 
-  // Gloo has no reduce-scatter of per-rank counts: the whole input is reduced, this rank keeps its
-  // block (twice the bytes of a ring reduce-scatter; Note [Gloo on the host path]).
-  void gloo_reduce_scatter(const void* send, void* out, const std::vector<std::int64_t>& counts,
-                           DataType dtype, ReduceOp op) {
-    const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
-    const std::int64_t before =
-        std::accumulate(counts.begin(), counts.begin() + rank_, std::int64_t{0});
-    const std::size_t es = element_size(dtype);
-    void* all = gloo_scratch_.reserve(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)) * es);
-    if (total > 0) std::memcpy(all, send, static_cast<std::size_t>(total) * es);
-    gloo_->allreduce(all, total, dtype, op);
-    if (counts[rank_] > 0)
-      std::memcpy(out, static_cast<const char*>(all) + before * static_cast<std::int64_t>(es),
-                  static_cast<std::size_t>(counts[rank_]) * es);
-  }
   GlooGroup* gloo_ = nullptr;  // opt_.gloo_group's
-  HostBuffer gloo_scratch_;
   Options opt_;
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;

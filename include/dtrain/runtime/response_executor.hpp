@@ -279,9 +279,9 @@ class ResponseExecutor {
         MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
         if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
           run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
-        if (host_options_.gloo) {
-          const std::string why = try_connect_gloo(run.gloo, run.data, host_options_.gloo_iface,
-                                                   host_options_.gloo_timeout_seconds);
+        if (const GlooGroup* world = host_options_.gloo_group.get()) {
+          const std::string why = try_connect_gloo(run.gloo, run.data, world->requested_iface(),
+                                                   world->connect_timeout_seconds());
           if (!why.empty()) throw CommunicationError(why);
         }
       }
