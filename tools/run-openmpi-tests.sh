@@ -30,7 +30,7 @@ tests+=(mpi_grouped_collectives_test.np3  # defined for 1, 3 and 4 ranks
         reliability_stop.np3 reliability_freeze.np2 reliability_freeze.np3
         reliability_stop-timeout-of-rank0.np3 reliability_pause-all.np3 reliability_pause-one.np3
         reliability_pause-one-no-timeout.np3
-        launcher_run launcher_run_output packaging.add_subdirectory
+        launcher_run launcher_run_output packaging.add_subdirectory packaging.add_subdirectory.run
         mpi_gloo_test.np2 mpi_gloo_test.np3 mpi_collectives_test.gloo.np3)  # Gloo's plugin under Open MPI
 joined=$(IFS='|'; echo "${tests[*]}")
 pattern="^(${joined//./[.]})\$"
