@@ -22,15 +22,18 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <dtrain/autotune/knobs.hpp>
+#include <dtrain/autotune/saved_result.hpp>
 #include <dtrain/dtrain.hpp>
 
 #include "bench_common.hpp"
 
 namespace {
 
+using dtrain::autotune::Knob;
 using dtrain::autotune::Knobs;
 
 struct Gradients {
@@ -61,26 +64,36 @@ struct LogRow {
   double score = 0;
 };
 
-// The tuning log's rows (docs/autotune.md, "The log").
+// The tuning log's rows (docs/autotune.md, "The log"), its columns found by the header's names.
 std::vector<LogRow> read_log(const std::string& path) {
-  std::ifstream in(path);
-  std::vector<LogRow> rows;
-  std::string line;
-  std::getline(in, line);  // header
-  while (std::getline(in, line)) {
+  auto split = [](const std::string& line) {
     std::vector<std::string> f;
     std::stringstream ss(line);
     for (std::string cell; std::getline(ss, cell, ',');) f.push_back(cell);
-    if (f.size() < 12) continue;
+    if (!line.empty() && line.back() == ',') f.emplace_back();
+    return f;
+  };
+  std::ifstream in(path);
+  std::vector<LogRow> rows;
+  std::string line;
+  if (!std::getline(in, line)) return rows;
+  const std::vector<std::string> header = split(line);
+  auto column = [&](std::string_view name) {
+    return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  while (std::getline(in, line)) {
+    const std::vector<std::string> f = split(line);
+    if (f.size() != header.size()) continue;
     LogRow r;
-    r.kind = f[0];
-    r.configuration = f[1].empty() ? -1 : std::stoi(f[1]);
-    r.knobs.fusion_threshold_bytes = std::stoll(f[3]);
-    r.knobs.cycle_time_ms = std::stod(f[4]);
-    r.knobs.hierarchical_allreduce = f[5] == "1";
-    r.knobs.response_cache = f[6] == "1";
-    r.knobs.fusion_pipeline = f[7] == "1";
-    r.score = std::stod(f[11]);
+    r.kind = f[column("kind")];
+    r.configuration = f[column("configuration")].empty() ? -1 : std::stoi(f[column("configuration")]);
+    bool ok = true;
+    for (Knob knob : dtrain::autotune::all_knobs) {
+      const std::size_t at = column(dtrain::autotune::to_string(knob));
+      ok = at < f.size() && dtrain::autotune::detail::parse_knob_value(f[at], knob, r.knobs) && ok;
+    }
+    if (!ok) continue;
+    r.score = std::stod(f[column("score_bytes_per_second")]);
     rows.push_back(r);
   }
   return rows;

@@ -820,7 +820,7 @@ def print_buckets(rows, names):
 def read_autotune_log(path):
     """default (configuration 0), choice, worst (lowest median) knobs from DTRAIN_AUTOTUNE_LOG."""
     knobs = ("fusion_threshold_bytes", "cycle_time_ms", "hierarchical_allreduce",
-             "response_cache", "fusion_pipeline")
+             "response_cache", "fusion_pipeline", "mpi_pieces_in_flight")
     out = {"medians": {}}
     if not os.path.exists(path):
         return out
@@ -843,14 +843,16 @@ def knob_env(k):
             "DTRAIN_CYCLE_TIME": k["cycle_time_ms"],
             "DTRAIN_HIERARCHICAL_ALLREDUCE": k["hierarchical_allreduce"],
             "DTRAIN_CACHE_CAPACITY": "1024" if k["response_cache"] == "1" else "0",
-            "DTRAIN_FUSION_PIPELINE": k["fusion_pipeline"]}
+            "DTRAIN_FUSION_PIPELINE": k["fusion_pipeline"],
+            "DTRAIN_MPI_PIECES_IN_FLIGHT": k["mpi_pieces_in_flight"]}
 
 
 def describe_knobs(k):
     mib = int(k["fusion_threshold_bytes"]) / (1 << 20)
     cache = "on" if k["response_cache"] == "1" else "off"
     pipeline = "on" if k["fusion_pipeline"] == "1" else "off"
-    return (f"{mib:.4g} MiB, {k['cycle_time_ms']} ms, cache {cache}, pipeline {pipeline}"
+    return (f"{mib:.4g} MiB, {k['cycle_time_ms']} ms, cache {cache}, pipeline {pipeline}, "
+            f"{k['mpi_pieces_in_flight']} in flight"
             + (", hierarchical" if k["hierarchical_allreduce"] == "1" else ""))
 
 

@@ -84,35 +84,38 @@ JobIdentity job() {
                                                  {"fc.bias", dtrain::DataType::float32, 10}})};
 }
 
-SavedResult result() { return SavedResult{Knobs{48 * MiB, 2.75, false, true, false}, 123456789.5}; }
+SavedResult result() {
+  return SavedResult{Knobs{48 * MiB, 2.75, false, true, false, 3}, 123456789.5};
+}
 
 }  // namespace
 
 TEST_CASE("tuning log: header and one row per kind of record") {
   CHECK(tuning_log_header() ==
         "kind,configuration,generation,fusion_threshold_bytes,cycle_time_ms,"
-        "hierarchical_allreduce,response_cache,fusion_pipeline,steps,bytes,seconds,"
+        "hierarchical_allreduce,response_cache,fusion_pipeline,mpi_pieces_in_flight,steps,bytes,"
+        "seconds,"
         "score_bytes_per_second");
   TuningRecord r;
   r.kind = RecordKind::sample;
   r.configuration = 3;
   r.generation = 2;
-  r.knobs = Knobs{64 * MiB, 2.5, false, true, true};
+  r.knobs = Knobs{64 * MiB, 2.5, false, true, true, 4};
   r.steps = 10;
   r.bytes = 1048576;
   r.seconds = 0.25;
   r.score_bytes_per_second = 4194304;
-  CHECK(tuning_log_row(r) == "sample,3,2,67108864,2.5,0,1,1,10,1048576,0.25,4194304");
+  CHECK(tuning_log_row(r) == "sample,3,2,67108864,2.5,0,1,1,4,10,1048576,0.25,4194304");
   r.kind = RecordKind::median;
-  CHECK(tuning_log_row(r) == "median,3,2,67108864,2.5,0,1,1,,,,4194304");
+  CHECK(tuning_log_row(r) == "median,3,2,67108864,2.5,0,1,1,4,,,,4194304");
   r.kind = RecordKind::choice;
-  CHECK(tuning_log_row(r) == "choice,3,2,67108864,2.5,0,1,1,,,,4194304");
+  CHECK(tuning_log_row(r) == "choice,3,2,67108864,2.5,0,1,1,4,,,,4194304");
   r.kind = RecordKind::warmup;
   r.configuration = -1;
   r.generation = 0;
-  CHECK(tuning_log_row(r) == "warmup,,0,67108864,2.5,0,1,1,10,1048576,0.25,4194304");
+  CHECK(tuning_log_row(r) == "warmup,,0,67108864,2.5,0,1,1,4,10,1048576,0.25,4194304");
   r.kind = RecordKind::reused;
-  CHECK(tuning_log_row(r) == "reused,,0,67108864,2.5,0,1,1,,,,4194304");
+  CHECK(tuning_log_row(r) == "reused,,0,67108864,2.5,0,1,1,4,,,,4194304");
 }
 
 TEST_CASE("tuning log of a whole run: one line per record, numbers that read back exactly") {
@@ -142,15 +145,16 @@ TEST_CASE("tuning log of a whole run: one line per record, numbers that read bac
   CHECK(lines[lines.size() - 2].rfind("choice,", 0) == 0);
   for (std::size_t i = 0; i < tuner.history().size(); ++i) {
     const auto fields = split(lines[i + 1], ',');
-    REQUIRE(fields.size() == 12);
+    REQUIRE(fields.size() == 13);
     const TuningRecord& r = tuner.history()[i];
     CHECK(fields[0] == to_string(r.kind));
     double score = 0.0, cycle = 0.0;
-    std::from_chars(fields[11].data(), fields[11].data() + fields[11].size(), score);
+    std::from_chars(fields[12].data(), fields[12].data() + fields[12].size(), score);
     std::from_chars(fields[4].data(), fields[4].data() + fields[4].size(), cycle);
     CHECK(score == r.score_bytes_per_second);
     CHECK(cycle == r.knobs.cycle_time_ms);
     CHECK(fields[3] == std::to_string(r.knobs.fusion_threshold_bytes));
+    CHECK(fields[8] == std::to_string(r.knobs.pieces_in_flight));
   }
 }
 
@@ -300,7 +304,10 @@ TEST_CASE("saved result: well-formed checksum over bad contents is still corrupt
            replace("world_size 4", "world_size four"),
            replace("tensor_set ", "tensor_set 0x"),
            replace("score_bytes_per_second 123456789.5", "score_bytes_per_second nan"),
-           replace("format 2\n", ""),
+           replace("format 3\n", ""),
+           replace("mpi_pieces_in_flight 3", "mpi_pieces_in_flight 2.5"),
+           replace("mpi_pieces_in_flight 3", "mpi_pieces_in_flight 9"),  // outside the space
+           replace("mpi_pieces_in_flight 3\n", ""),
            replace("world_size 4\n", "world_size4\n"),
        }) {
     const SavedResultLoad load = parse_saved_result(bad, job(), default_space());
@@ -309,9 +316,9 @@ TEST_CASE("saved result: well-formed checksum over bad contents is still corrupt
     CHECK_FALSE(load.result);
   }
   // Another format version is stale, not corrupt: written by another dtrain.
-  const SavedResultLoad other = parse_saved_result(replace("format 2", "format 3"), job(), default_space());
+  const SavedResultLoad other = parse_saved_result(replace("format 3", "format 4"), job(), default_space());
   CHECK(other.status == SavedResultStatus::stale);
-  CHECK(other.reason.find("format 3") != std::string::npos);
+  CHECK(other.reason.find("format 4") != std::string::npos);
 }
 
 TEST_CASE("saved result: another world size, host layout, tensor set or search space is stale") {

@@ -75,20 +75,22 @@ double negative_branin(std::span<const double> u) {
 TEST_CASE("search space: the knobs tuned depend on what is fixed and on the hosts") {
   CHECK(SearchSpace(SearchSpaceOptions{}).tuned() ==
         std::vector<Knob>{Knob::fusion_threshold, Knob::cycle_time, Knob::response_cache,
-                          Knob::fusion_pipeline});
+                          Knob::fusion_pipeline, Knob::pieces_in_flight});
   SearchSpaceOptions multi;
   multi.multi_host = true;
-  CHECK(SearchSpace(multi).dimension() == 5);
+  CHECK(SearchSpace(multi).dimension() == 6);
   CHECK(SearchSpace(multi).kinds() ==
         std::vector<DimensionKind>{DimensionKind::continuous, DimensionKind::continuous,
                                    DimensionKind::binary, DimensionKind::binary,
-                                   DimensionKind::binary});
+                                   DimensionKind::binary, DimensionKind::continuous});
   SearchSpaceOptions fixed;
   fixed.multi_host = true;
-  fixed.fixed = {Knob::cycle_time, Knob::hierarchical_allreduce, Knob::fusion_pipeline};
+  fixed.fixed = {Knob::cycle_time, Knob::hierarchical_allreduce, Knob::fusion_pipeline,
+                 Knob::pieces_in_flight};
   CHECK(SearchSpace(fixed).tuned() == std::vector<Knob>{Knob::fusion_threshold, Knob::response_cache});
   SearchSpaceOptions all;
-  all.fixed = {Knob::fusion_threshold, Knob::cycle_time, Knob::response_cache, Knob::fusion_pipeline};
+  all.fixed = {Knob::fusion_threshold, Knob::cycle_time, Knob::response_cache, Knob::fusion_pipeline,
+               Knob::pieces_in_flight};
   CHECK(SearchSpace(all).dimension() == 0);
 }
 
@@ -96,7 +98,7 @@ TEST_CASE("search space: log scales, rounding and fixed values") {
   SearchSpaceOptions o;
   o.base.cycle_time_ms = 3.7;
   o.base.response_cache = false;
-  o.fixed = {Knob::cycle_time, Knob::response_cache};
+  o.fixed = {Knob::cycle_time, Knob::response_cache, Knob::pieces_in_flight};
   const SearchSpace space(o);
   REQUIRE(space.tuned() == std::vector<Knob>{Knob::fusion_threshold, Knob::fusion_pipeline});
 
@@ -123,12 +125,41 @@ TEST_CASE("search space: log scales, rounding and fixed values") {
   CHECK(space.encode(huge)[0] == 0.0);
 
   const SearchSpace cycles{SearchSpaceOptions{}};
-  const std::vector<double> u = {0.0, 0.5, 1.0, 1.0};
+  const std::vector<double> u = {0.0, 0.5, 1.0, 1.0, 0.0};
   const Knobs k = cycles.decode(u);
   CHECK(k.cycle_time_ms == doctest::Approx(std::sqrt(0.1 * 25.0)).epsilon(1e-3));
   CHECK(k.cycle_time_ms * 1000 == std::round(k.cycle_time_ms * 1000));  // whole microseconds
-  CHECK(cycles.decode(std::vector<double>{0, 0, 0, 0}).cycle_time_ms == 0.1);
-  CHECK(cycles.decode(std::vector<double>{0, 1, 0, 0}).cycle_time_ms == 25.0);
+  CHECK(cycles.decode(std::vector<double>{0, 0, 0, 0, 0}).cycle_time_ms == 0.1);
+  CHECK(cycles.decode(std::vector<double>{0, 1, 0, 0, 0}).cycle_time_ms == 25.0);
+}
+
+TEST_CASE("search space: pieces in flight are whole numbers on a log scale from 1 to 8") {
+  SearchSpaceOptions o;
+  o.fixed = {Knob::fusion_threshold, Knob::cycle_time, Knob::response_cache,
+             Knob::fusion_pipeline};
+  const SearchSpace space(o);
+  REQUIRE(space.tuned() == std::vector<Knob>{Knob::pieces_in_flight});
+  CHECK(space.decode(std::vector<double>{0.0}).pieces_in_flight == 1);
+  CHECK(space.decode(std::vector<double>{1.0 / 3}).pieces_in_flight == 2);
+  CHECK(space.decode(std::vector<double>{0.5}).pieces_in_flight == 3);  // 8^0.5 = 2.83
+  CHECK(space.decode(std::vector<double>{2.0 / 3}).pieces_in_flight == 4);
+  CHECK(space.decode(std::vector<double>{1.0}).pieces_in_flight == 8);
+  for (int pieces = 1; pieces <= 8; ++pieces) {
+    Knobs k = space.base();
+    k.pieces_in_flight = pieces;
+    CHECK(space.contains(k));
+    CHECK(space.decode(space.encode(k)) == k);
+  }
+  Knobs k = space.base();
+  k.pieces_in_flight = 9;  // DTRAIN_MPI_PIECES_IN_FLIGHT allows 16; the search stops at 8
+  CHECK_FALSE(space.contains(k));
+  k.pieces_in_flight = 0;
+  CHECK_FALSE(space.contains(k));
+  o.min_pieces_in_flight = 0;
+  CHECK_THROWS_AS(SearchSpace{o}, dtrain::InvalidArgumentError);
+  o.min_pieces_in_flight = 4;
+  o.max_pieces_in_flight = 4;
+  CHECK_THROWS_AS(SearchSpace{o}, dtrain::InvalidArgumentError);
 }
 
 TEST_CASE("search space: contains() and description() tell spaces apart") {
@@ -145,7 +176,7 @@ TEST_CASE("search space: contains() and description() tell spaces apart") {
   CHECK_FALSE(space.contains(k));
   CHECK(space.description() ==
         "fusion_threshold_bytes:1048576..1073741824 cycle_time_ms=2 hierarchical_allreduce=0 "
-        "response_cache:0|1 fusion_pipeline:0|1");
+        "response_cache:0|1 fusion_pipeline:0|1 mpi_pieces_in_flight:1..8");
   SearchSpaceOptions other = o;
   other.base.cycle_time_ms = 5.0;
   CHECK(SearchSpace(other).description() != space.description());

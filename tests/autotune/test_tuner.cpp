@@ -231,7 +231,8 @@ TEST_CASE("knobs the user fixed are never changed") {
 TEST_CASE("a job with nothing to tune keeps its configuration") {
   SearchSpaceOptions space;
   space.base.fusion_threshold_bytes = 8 * MiB;
-  space.fixed = {Knob::fusion_threshold, Knob::cycle_time, Knob::response_cache, Knob::fusion_pipeline};
+  space.fixed = {Knob::fusion_threshold, Knob::cycle_time, Knob::response_cache, Knob::fusion_pipeline,
+                 Knob::pieces_in_flight};
   Tuner tuner{SearchSpace(space), TunerOptions{}};
   CHECK(tuner.done());
   CHECK(tuner.generation() == 0);
@@ -332,6 +333,8 @@ TEST_CASE("a knob is the user's when its variable is set or its field is not the
                                            {"DTRAIN_FUSION_PIPELINE", "1"},
                                            {"DTRAIN_HIERARCHICAL_ALLREDUCE", "0"}}) ==
         KnobSet{Knob::response_cache, Knob::fusion_pipeline, Knob::hierarchical_allreduce});
+  CHECK(knobs_set_by_user(defaults, MapEnv{{"HOROVOD_MPI_PIECES_IN_FLIGHT", "2"}}) ==
+        KnobSet{Knob::pieces_in_flight});
   CHECK(knobs_set_by_user(defaults, MapEnv{{"DTRAIN_AUTOTUNE", "1"}}).empty());
 
   dtrain::Config c;
@@ -342,15 +345,18 @@ TEST_CASE("a knob is the user's when its variable is set or its field is not the
   p.fusion_pipeline = false;
   p.hierarchical_allreduce = true;
   p.cycle_time_ms = 0.5;
+  p.mpi_pieces_in_flight = 4;
   CHECK(knobs_set_by_user(p, MapEnv{}) ==
-        KnobSet{Knob::fusion_pipeline, Knob::hierarchical_allreduce, Knob::cycle_time});
+        KnobSet{Knob::fusion_pipeline, Knob::hierarchical_allreduce, Knob::cycle_time,
+                Knob::pieces_in_flight});
 }
 
 TEST_CASE("knobs map onto Config and back") {
   dtrain::Config base;
   base.cache_capacity = 300;
-  const Knobs k{64 * MiB, 2.5, true, false, false};
+  const Knobs k{64 * MiB, 2.5, true, false, false, 5};
   const dtrain::Config applied = apply_knobs(base, k);
+  CHECK(applied.mpi_pieces_in_flight == 5);
   CHECK(applied.fusion_threshold_bytes == 64 * MiB);
   CHECK(applied.cycle_time_ms == 2.5);
   CHECK(applied.hierarchical_allreduce);
@@ -365,5 +371,5 @@ TEST_CASE("knobs map onto Config and back") {
   CHECK(knobs_from_config(dtrain::Config{}) == Knobs{});
   CHECK(describe(k) ==
         "fusion threshold 64 MiB, cycle time 2.5 ms, hierarchical allreduce on, response cache "
-        "off, fusion pipeline off");
+        "off, fusion pipeline off, 5 pieces in flight");
 }

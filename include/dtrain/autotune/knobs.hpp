@@ -25,6 +25,8 @@ struct Knobs {
   // Off means a cache capacity of 0; on means the configured capacity (see apply_knobs).
   bool response_cache = Config{}.cache_capacity > 0;
   bool fusion_pipeline = Config{}.fusion_pipeline;
+  // Pieces of one host reduction posted before the first completes (Note [Pieces in flight]).
+  int pieces_in_flight = Config{}.mpi_pieces_in_flight;
 
   friend bool operator==(const Knobs&, const Knobs&) = default;
 };
@@ -35,11 +37,12 @@ enum class Knob : std::uint8_t {
   hierarchical_allreduce,
   response_cache,
   fusion_pipeline,
+  pieces_in_flight,
 };
 
-inline constexpr Knob all_knobs[] = {Knob::fusion_threshold, Knob::cycle_time,
+inline constexpr Knob all_knobs[] = {Knob::fusion_threshold,       Knob::cycle_time,
                                      Knob::hierarchical_allreduce, Knob::response_cache,
-                                     Knob::fusion_pipeline};
+                                     Knob::fusion_pipeline,        Knob::pieces_in_flight};
 
 // Note [Tunable knobs]
 // Each tunable knob is named once, here: its id, its name in the tuning log's columns and the
@@ -61,6 +64,8 @@ constexpr void for_each_tunable(Visitor&& visit) {
         &Config::cache_capacity);
   visit(Knob::fusion_pipeline, std::string_view("fusion_pipeline"), &Knobs::fusion_pipeline,
         &Config::fusion_pipeline);
+  visit(Knob::pieces_in_flight, std::string_view("mpi_pieces_in_flight"),
+        &Knobs::pieces_in_flight, &Config::mpi_pieces_in_flight);
 }
 
 // Calls `f(name, knobs_member, config_member)` for the row of `knob`.
@@ -134,9 +139,10 @@ inline std::string describe(const Knobs& k) {
   const double mib = static_cast<double>(k.fusion_threshold_bytes) / (1 << 20);
   return fmt::format(
       "fusion threshold {:.4g} MiB, cycle time {:.4g} ms, hierarchical allreduce {}, response "
-      "cache {}, fusion pipeline {}",
+      "cache {}, fusion pipeline {}, {} piece{} in flight",
       mib, k.cycle_time_ms, k.hierarchical_allreduce ? "on" : "off",
-      k.response_cache ? "on" : "off", k.fusion_pipeline ? "on" : "off");
+      k.response_cache ? "on" : "off", k.fusion_pipeline ? "on" : "off", k.pieces_in_flight,
+      k.pieces_in_flight == 1 ? "" : "s");
 }
 
 inline Knobs knobs_from_config(const Config& c) {

@@ -34,6 +34,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,7 +48,8 @@
 
 namespace dtrain::autotune {
 
-inline constexpr int saved_result_format = 2;  // 2: CRC-32C checksum (1: FNV-1a)
+// 3: the pieces-in-flight knob; 2: CRC-32C checksum; 1: FNV-1a.
+inline constexpr int saved_result_format = 3;
 inline constexpr std::size_t saved_result_max_bytes = 64 * 1024;
 
 inline std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ULL) {
@@ -145,11 +147,33 @@ inline std::optional<bool> parse_bit(std::string_view text) {
   return std::nullopt;
 }
 
-inline const char* const saved_result_keys[] = {
-    "format",           "world_size",   "ranks_per_host",
-    "tensor_set",       "search_space", "fusion_threshold_bytes",
-    "cycle_time_ms",    "hierarchical_allreduce", "response_cache",
-    "fusion_pipeline",  "score_bytes_per_second"};
+// The file's keys in order: the job's, one per knob (Note [Tunable knobs] names them), the score.
+inline constexpr std::string_view saved_result_job_keys[] = {"format", "world_size",
+                                                             "ranks_per_host", "tensor_set",
+                                                             "search_space"};
+inline std::vector<std::string_view> saved_result_keys() {
+  std::vector<std::string_view> keys(std::begin(saved_result_job_keys),
+                                     std::end(saved_result_job_keys));
+  for (Knob knob : all_knobs) keys.push_back(to_string(knob));
+  keys.push_back("score_bytes_per_second");
+  return keys;
+}
+
+// Reads one knob's value as knob_value_text() writes it; false when it is not one.
+inline bool parse_knob_value(std::string_view text, Knob knob, Knobs& out) {
+  bool ok = false;
+  with_tunable(knob, [&](std::string_view, auto member, auto) {
+    using Value = std::remove_cvref_t<decltype(out.*member)>;
+    if constexpr (std::is_same_v<Value, bool>) {
+      if (auto bit = parse_bit(text)) out.*member = *bit, ok = true;
+    } else if (auto number = parse_number<Value>(text)) {
+      if constexpr (std::is_floating_point_v<Value>) ok = std::isfinite(*number);
+      else ok = true;
+      out.*member = *number;
+    }
+  });
+  return ok;
+}
 
 }  // namespace detail
 
@@ -207,7 +231,7 @@ inline SavedResultLoad parse_saved_result(std::string_view text, const JobIdenti
     }
     fields.emplace_back(line.substr(0, space_at), line.substr(space_at + 1));
   }
-  constexpr std::size_t key_count = std::size(detail::saved_result_keys);
+  const std::vector<std::string_view> keys = detail::saved_result_keys();
   if (fields.empty() || fields.front().first != "format") return corrupt("it has no format line");
   const auto format = detail::parse_number<int>(fields.front().second);
   if (!format) return corrupt(fmt::format("format '{}' is not a number", fields.front().second));
@@ -216,27 +240,27 @@ inline SavedResultLoad parse_saved_result(std::string_view text, const JobIdenti
                            fmt::format("it has format {}, this version of dtrain reads format {}",
                                        *format, saved_result_format)};
   }
-  if (fields.size() != key_count) {
-    return corrupt(fmt::format("it has {} fields, expected {}", fields.size(), key_count));
+  if (fields.size() != keys.size()) {
+    return corrupt(fmt::format("it has {} fields, expected {}", fields.size(), keys.size()));
   }
-  for (std::size_t i = 0; i < key_count; ++i) {
-    if (fields[i].first != detail::saved_result_keys[i]) {
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (fields[i].first != keys[i]) {
       return corrupt(fmt::format("field {} is '{}', expected '{}'", i + 1, fields[i].first,
-                                 detail::saved_result_keys[i]));
+                                 keys[i]));
     }
   }
   auto value = [&](std::size_t i) { return fields[i].second; };
 
   const auto world_size = detail::parse_number<int>(value(1));
   const auto tensor_set = detail::parse_hex(value(3), 16);
-  const auto threshold = detail::parse_number<std::int64_t>(value(5));
-  const auto cycle = detail::parse_number<double>(value(6));
-  const auto hierarchical = detail::parse_bit(value(7));
-  const auto cache = detail::parse_bit(value(8));
-  const auto pipeline = detail::parse_bit(value(9));
-  const auto score = detail::parse_number<double>(value(10));
-  if (!world_size || !tensor_set || !threshold || !cycle || !hierarchical || !cache ||
-      !pipeline || !score || !std::isfinite(*cycle) || !std::isfinite(*score)) {
+  Knobs knobs;
+  bool knobs_ok = true;
+  std::size_t at = std::size(detail::saved_result_job_keys);
+  for (Knob knob : all_knobs) {
+    knobs_ok = detail::parse_knob_value(value(at++), knob, knobs) && knobs_ok;
+  }
+  const auto score = detail::parse_number<double>(value(at));
+  if (!world_size || !tensor_set || !knobs_ok || !score || !std::isfinite(*score)) {
     return corrupt("a value is not a number of the expected kind");
   }
 
@@ -265,7 +289,6 @@ inline SavedResultLoad parse_saved_result(std::string_view text, const JobIdenti
     return SavedResultLoad{SavedResultStatus::stale, std::nullopt, std::move(reason)};
   }
 
-  const Knobs knobs{*threshold, *cycle, *hierarchical, *cache, *pipeline};
   if (!space.contains(knobs)) {
     return corrupt(fmt::format("its configuration ({}) lies outside the search space",
                                describe(knobs)));

@@ -11,6 +11,10 @@
 //   costs real training time and teaches the model little. A user who wants it sets
 //   DTRAIN_FUSION_THRESHOLD=0 (then fixed).
 // - Cycle time: log scale over [0.1, 25] ms.
+// - Pieces in flight (DTRAIN_MPI_PIECES_IN_FLIGHT): integers on a log scale over [1, 8]; each
+//   doubling changes the overlap between one piece's arithmetic and the next piece's transfer
+//   about as much, and beyond 8 the pieces only queue. Tuned only where the host path is MPI's:
+//   over Gloo (DTRAIN_CPU_OPERATIONS=gloo) the knob moves nothing.
 // - Binary knobs (hierarchical allreduce, response cache, fusion pipeline) are 0/1 coordinates.
 //   The optimizer treats them as categories: it enumerates their combinations when it maximizes
 //   expected improvement, so it never proposes a point between two categories, and the kernel
@@ -19,9 +23,9 @@
 //   on jobs spanning several hosts; on one host it changes nothing.
 // - A knob in `fixed` (set by the user, or one the engine knows has no effect in this job) keeps
 //   its base value and is not a dimension at all.
-// Decoded values are rounded (thresholds to 4 KiB, cycle times to 1 us) so that the log, the
-// saved result and the engine all see the same numbers; encode(decode(u)) is then the point the
-// Gaussian process is told about.
+// Decoded values are rounded (thresholds to 4 KiB, cycle times to 1 us, pieces to integers) so
+// that the log, the saved result and the engine all see the same numbers; encode(decode(u)) is
+// then the point the Gaussian process is told about.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -44,6 +48,8 @@ struct SearchSpaceOptions {
   std::int64_t max_fusion_threshold_bytes = std::int64_t{1} << 30;
   double min_cycle_time_ms = 0.1;
   double max_cycle_time_ms = 25.0;
+  int min_pieces_in_flight = 1;
+  int max_pieces_in_flight = 8;
 };
 
 enum class DimensionKind { continuous, binary };
@@ -67,6 +73,12 @@ class SearchSpace {
           "dtrain: autotune: cycle time range [{}, {}] ms is empty or not positive: expected "
           "0 < min < max",
           o_.min_cycle_time_ms, o_.max_cycle_time_ms));
+    }
+    if (!(o_.min_pieces_in_flight >= 1 && o_.min_pieces_in_flight < o_.max_pieces_in_flight)) {
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: autotune: pieces in flight range [{}, {}] is empty or below 1: expected "
+          "1 <= min < max",
+          o_.min_pieces_in_flight, o_.max_pieces_in_flight));
     }
     for (Knob knob : all_knobs) {
       if (o_.fixed.contains(knob)) continue;
@@ -107,6 +119,10 @@ class SearchSpace {
         case Knob::hierarchical_allreduce: u.push_back(k.hierarchical_allreduce ? 1.0 : 0.0); break;
         case Knob::response_cache: u.push_back(k.response_cache ? 1.0 : 0.0); break;
         case Knob::fusion_pipeline: u.push_back(k.fusion_pipeline ? 1.0 : 0.0); break;
+        case Knob::pieces_in_flight:
+          u.push_back(to_unit(k.pieces_in_flight, o_.min_pieces_in_flight,
+                              o_.max_pieces_in_flight));
+          break;
       }
     }
     return u;
@@ -141,6 +157,12 @@ class SearchSpace {
         case Knob::hierarchical_allreduce: k.hierarchical_allreduce = v >= 0.5; break;
         case Knob::response_cache: k.response_cache = v >= 0.5; break;
         case Knob::fusion_pipeline: k.fusion_pipeline = v >= 0.5; break;
+        case Knob::pieces_in_flight:
+          k.pieces_in_flight = std::clamp(
+              static_cast<int>(std::lround(
+                  from_unit(v, o_.min_pieces_in_flight, o_.max_pieces_in_flight))),
+              o_.min_pieces_in_flight, o_.max_pieces_in_flight);
+          break;
       }
     }
     return k;
@@ -163,6 +185,10 @@ class SearchSpace {
           !(k.cycle_time_ms >= o_.min_cycle_time_ms && k.cycle_time_ms <= o_.max_cycle_time_ms)) {
         return false;
       }
+      if (knob == Knob::pieces_in_flight && (k.pieces_in_flight < o_.min_pieces_in_flight ||
+                                             k.pieces_in_flight > o_.max_pieces_in_flight)) {
+        return false;
+      }
     }
     return true;
   }
@@ -180,6 +206,8 @@ class SearchSpace {
         out += fmt::format(":{}..{}", o_.min_fusion_threshold_bytes, o_.max_fusion_threshold_bytes);
       } else if (knob == Knob::cycle_time) {
         out += fmt::format(":{}..{}", o_.min_cycle_time_ms, o_.max_cycle_time_ms);
+      } else if (knob == Knob::pieces_in_flight) {
+        out += fmt::format(":{}..{}", o_.min_pieces_in_flight, o_.max_pieces_in_flight);
       } else {
         out += ":0|1";
       }

@@ -7,7 +7,8 @@
 //   configuration           0-based index of the configuration (empty for warmup and reused)
 //   generation              the configuration generation the row belongs to
 //   fusion_threshold_bytes, cycle_time_ms, hierarchical_allreduce, response_cache,
-//   fusion_pipeline         the knobs (binary knobs as 0/1)
+//   fusion_pipeline, mpi_pieces_in_flight
+//                           the knobs (binary knobs as 0/1)
 //   steps, bytes, seconds   the sample's totals (warmup and sample rows; empty otherwise)
 //   score_bytes_per_second  bytes / seconds for a sample, the median of the samples for a
 //                           configuration, the chosen configuration's median for choice/reused

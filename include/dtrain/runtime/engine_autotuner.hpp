@@ -13,9 +13,10 @@
 // Rank 0 decides. The coordinator's knobs — fusion threshold, cycle time, response cache — shape
 // only what rank 0 plans, so rank 0 switches them alone (switching the cache off evicts its
 // entries through the ordinary eviction messages). Hierarchical allreduce changes the MPI calls
-// every rank makes, and the fusion pipeline how each rank packs: those travel in the first
-// response message planned under the new configuration (ResponseMessage::tuned) and every rank
-// applies them before executing it, so all ranks switch at the same message.
+// every rank makes, the fusion pipeline how each rank packs, and the pieces in flight how many
+// pieces each rank posts at once: those travel in the first response message planned under the
+// new configuration (ResponseMessage::tuned) and every rank applies them before executing it, so
+// all ranks switch at the same message.
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -89,7 +90,8 @@ class EngineAutotuner {
   // The settings every rank applies with the next response message (Note [Applying tuned
   // settings]).
   TunedSettings settings_for(std::uint64_t generation) const {
-    return TunedSettings{generation, in_effect_.fusion_pipeline, in_effect_.hierarchical_allreduce};
+    return TunedSettings{generation, in_effect_.fusion_pipeline, in_effect_.hierarchical_allreduce,
+                         in_effect_.pieces_in_flight};
   }
 
   std::uint64_t generation() const noexcept { return generation_; }
@@ -99,6 +101,8 @@ class EngineAutotuner {
     autotune::SearchSpaceOptions o;
     o.base = autotune::knobs_from_config(config);
     o.fixed = autotune::knobs_set_by_user(config, ProcessEnv{});
+    // Pieces in flight shape MPI's host reductions only (Note [Search space]).
+    if (config.cpu_operations == "gloo") o.fixed.insert(autotune::Knob::pieces_in_flight);
     o.multi_host = multi_host;
     return autotune::SearchSpace(o);
   }

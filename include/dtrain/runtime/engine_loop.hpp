@@ -158,8 +158,7 @@ inline void Engine::tune(const ResponseMessage& msg, std::uint64_t bytes, Clock:
 inline bool Engine::apply(const ResponseMessage& msg) {
   const auto arrival = Clock::now();
   responses_applied_ = msg.seq;
-  if (msg.tuned.generation != 0)
-    executor_->retune(msg.tuned.fusion_pipeline, msg.tuned.hierarchical_allreduce);
+  if (msg.tuned.generation != 0) executor_->retune(msg.tuned);
   for (const auto& ins : msg.cache_inserts) {
     std::lock_guard lock(mutex_);
     const Entry* e = table_.find(OpKey{ins.process_set, ins.name});

@@ -104,10 +104,11 @@ class HostBackend final : public Backend {
 
   // The autotuner's settings, applied by every rank at the same response message (Note [Applying
   // tuned settings] in runtime/engine_autotuner.hpp).
-  void retune(bool pipeline, bool hierarchical) {
-    opt_.pipeline = pipeline;
-    overlap_ = pipeline && overlap_pays(ranks_on_host_);
-    opt_.hierarchical = hierarchical && opt_.hierarchy.valid() && !gloo_;
+  void retune(const TunedSettings& tuned) {
+    opt_.pipeline = tuned.fusion_pipeline;
+    overlap_ = opt_.pipeline && overlap_pays(ranks_on_host_);
+    opt_.hierarchical = tuned.hierarchical_allreduce && opt_.hierarchy.valid() && !gloo_;
+    opt_.pieces_in_flight = tuned.pieces_in_flight;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).

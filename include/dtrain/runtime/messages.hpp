@@ -112,6 +112,7 @@ struct TunedSettings {
   std::uint64_t generation = 0;  // 0: no change in this message
   bool fusion_pipeline = true;
   bool hierarchical_allreduce = false;
+  int pieces_in_flight = 2;  // local to each rank, but switched with the rest at one message
   friend bool operator==(const TunedSettings&, const TunedSettings&) = default;
 };
 

@@ -76,8 +76,9 @@ class ResponseExecutor {
   };
 
   ResponseExecutor(Context context, const HostBackend::Options& host)
-      : ctx_(std::move(context)), host_options_(host), pipeline_(host.pipeline),
-        hierarchical_(ctx_.config && ctx_.config->hierarchical_allreduce) {
+      : ctx_(std::move(context)), host_options_(host),
+        tuned_{0, host.pipeline, ctx_.config && ctx_.config->hierarchical_allreduce,
+               host.pieces_in_flight} {
     SetRun& world = sets_[0];
     world.data = ctx_.data_comm;
     world.hierarchy = ctx_.hierarchy;
@@ -86,10 +87,9 @@ class ResponseExecutor {
 
   // The autotuner's settings, applied by every rank at the same response message (Note [Applying
   // tuned settings] in runtime/engine_autotuner.hpp), to every set.
-  void retune(bool pipeline, bool hierarchical) {
-    pipeline_ = pipeline;
-    hierarchical_ = hierarchical;
-    for (auto& [id, run] : sets_) run.host->retune(pipeline, hierarchical);
+  void retune(const TunedSettings& tuned) {
+    tuned_ = tuned;
+    for (auto& [id, run] : sets_) run.host->retune(tuned);
   }
   std::uint64_t buffer_allocations() const noexcept {
     std::uint64_t n = 0;
@@ -303,8 +303,9 @@ class ResponseExecutor {
       o.comm = run.data;
       o.hierarchy = run.hierarchy;
       o.gloo_group = run.gloo;
-      o.pipeline = pipeline_;
-      o.hierarchical = hierarchical_ && run.hierarchy.valid();
+      o.pipeline = tuned_.fusion_pipeline;
+      o.hierarchical = tuned_.hierarchical_allreduce && run.hierarchy.valid();
+      o.pieces_in_flight = tuned_.pieces_in_flight;
       if (run.hierarchy.valid() && ctx_.config) o.wait = data_wait(*ctx_.config, run.hierarchy);
       run.host = std::make_unique<HostBackend>(o);
       sets_.emplace(r.process_set, std::move(run));
@@ -356,8 +357,9 @@ class ResponseExecutor {
 
   Context ctx_;
   HostBackend::Options host_options_;  // the world's; a set's differ in their communicators
-  bool pipeline_ = true;
-  bool hierarchical_ = false;          // asked for; a set's backend also needs host communicators
+  // In effect now, for the sets made later (hierarchical is what was asked for: a set's backend
+  // also needs host communicators).
+  TunedSettings tuned_;
   std::map<std::int32_t, SetRun> sets_;  // the sets this rank is a member of, by id
   std::vector<Entry*> entries_;  // of the response being executed, reused
   int sets_created_ = 0;         // add_process_set responses run, failed ones included
