@@ -35,7 +35,8 @@ Experiments (--experiment, comma-separated; --all runs them in this order):
   buckets       2 hosts x 1 rank at links from fast to slow (comm/compute ratio rho, see
                 profiles.py): the trainer's CPU default (one bucket per step) against buckets
                 of 0 (each gradient as backward makes it), 4 and 25 MiB: where overlap starts
-                to pay
+                to pay; with --buckets-cpu-operations mpi,gloo each again over Gloo, with
+                --buckets-ddp PyTorch DDP beside them
 
 A full run (--all, defaults) takes about 2 hours on a 2-core machine (an estimate from the
 step times of short runs); --quick checks every step in 6 to 8 minutes (its numbers mean
@@ -618,8 +619,19 @@ class Harness:
         a = self.args
         rhos = [float(x) for x in a.rhos.split(",")]
         log(f"\n## buckets: 2 hosts x 1 rank, links from fast to slow: rho = {rhos}")
-        variants = [("default", ())] + [(f"--bucket-mb {mb}", ("--bucket-mb", mb))
-                                        for mb in a.bucket_sizes.split(",")]
+        variants = []
+        for ops in a.buckets_cpu_operations.split(","):
+            if ops not in ("mpi", "gloo"):
+                raise Failure(f"--buckets-cpu-operations: '{ops}' is neither mpi nor gloo")
+            prefix = "" if ops == "mpi" else "gloo "
+            variants += [(f"{prefix}default", ())] + [
+                (f"{prefix}--bucket-mb {mb}", ("--bucket-mb", mb))
+                for mb in a.bucket_sizes.split(",")]
+        if a.buckets_ddp and self.has_torch:
+            variants.append(("ddp", ()))
+        if variants[0][0] != "default":
+            raise Failure("--buckets-cpu-operations: the first must be mpi, the default it is "
+                          "compared with")
         rows = []
         for rho in rhos:
             rate = profiles.rate_for_ratio(rho, self.gradient_bytes, self.compute_s)
@@ -632,7 +644,11 @@ class Harness:
             for r in range(a.rounds):
                 for name, flags in rotated(variants, r):
                     what = f"rho {rho}, round {r + 1}: {name}"
-                    res = self.train([0, 1], flags=flags, what=what)
+                    if name == "ddp":
+                        res = self.ddp([0, 1], what=what)
+                    else:
+                        env = {"DTRAIN_CPU_OPERATIONS": "gloo"} if name.startswith("gloo ") else None
+                        res = self.train([0, 1], flags=flags, env=env, what=what)
                     log(f"{what}: step {1e3 * res['step_seconds']:.1f} ms")
                     runs.append({"variant": name, "round": r, **res})
             steps = {n: median([x["step_seconds"] for x in runs if x["variant"] == n])
@@ -804,7 +820,7 @@ def print_buckets(rows, names):
     pays = None
     for row in rows:
         steps = row["step_seconds"]
-        best = min(steps[n] for n in names[1:])
+        best = min(steps[n] for n in names[1:] if n != "ddp")  # dtrain's own ways
         ratio = best / steps["default"]
         row["best_over_default"] = ratio
         if pays is None and ratio < 0.95:
@@ -897,6 +913,11 @@ def main():
                         "(default: all), e.g. 'dtrain,dtrain gloo,ddp'")
     p.add_argument("--bucket-sizes", default="0,4,25",
                    help="--bucket-mb values of the buckets experiment")
+    p.add_argument("--buckets-cpu-operations", default="mpi",
+                   help="host backends of the buckets experiment, e.g. 'mpi,gloo' "
+                        "(DTRAIN_CPU_OPERATIONS; mpi first)")
+    p.add_argument("--buckets-ddp", action="store_true",
+                   help="PyTorch DDP beside the buckets experiment's variants")
     p.add_argument("--rhos", default="0.1,0.3,1,3",
                    help="comm/compute ratios of the buckets experiment's links")
     p.add_argument("--hierarchical-rate", help="link rate of the hierarchical experiment "

@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Checks that every header under include/dtrain/ includes only its own layer and the layers
-above it in docs/architecture.md's layer table (the table is the rule; this reads it).
+above it in docs/architecture.md's layer table (the table is the rule; this reads it), and that
+no header is longer than the house's limit: a header one reads whole, and pays for in every file
+that includes it, has one concern.
 
-usage: check_layers.py <include dir> <architecture.md>
-Exits 1 and names each offending include when a lower layer includes a higher one."""
+usage: check_layers.py <include dir> <architecture.md> [--max-lines N (default 450)]
+Exits 1 and names each offending include when a lower layer includes a higher one, and each
+header over N lines."""
 import pathlib
 import re
 import sys
@@ -42,10 +45,15 @@ def layer_of(rel, layers):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    max_lines = 450
+    if len(args) == 4 and args[2] == "--max-lines" and args[3].isdigit():
+        max_lines = int(args[3])
+        args = args[:2]
+    if len(args) != 2:
         sys.exit(__doc__)
-    root = pathlib.Path(sys.argv[1]) / "dtrain"
-    layers = layers_from_table(pathlib.Path(sys.argv[2]))
+    root = pathlib.Path(args[0]) / "dtrain"
+    layers = layers_from_table(pathlib.Path(args[1]))
     include = re.compile(r'^\s*#\s*include\s*[<"]dtrain/([^>"]+)[>"]')
     errors = []
     headers = sorted(root.rglob("*.hpp"))
@@ -57,7 +65,11 @@ def main():
         if own is None:
             errors.append(f"{rel}: in no layer of the table; add its folder to the table")
             continue
-        for n, line in enumerate(h.read_text().splitlines(), 1):
+        lines = h.read_text().splitlines()
+        if len(lines) > max_lines:
+            errors.append(f"{rel}: {len(lines)} lines, over the {max_lines} a header may have: "
+                          f"split it by concern")
+        for n, line in enumerate(lines, 1):
             m = include.match(line)
             if not m:
                 continue
