@@ -1,6 +1,7 @@
 // Allgather fusion: 100 small allgathers (dim 0 differing per rank and per tensor) through dtrain
 // with fusion on (the default threshold: one MPI_Allgatherv per burst, Note [Fused allgather] in
-// runtime/host_backend.hpp) and off (DTRAIN_FUSION_THRESHOLD=0: one per tensor), in the same run.
+// runtime/execution/host_backend.hpp) and off (DTRAIN_FUSION_THRESHOLD=0: one per tensor), in the
+// same run.
 //
 //   async     100 allgather_async calls, then every handle waited: what a model's sparse
 //             gradients or per-layer statistics look like; fusion comes from the coordinator's

@@ -54,7 +54,7 @@ class MpiProcess {
   MpiProcess& operator=(const MpiProcess&) = delete;
   ~MpiProcess() {
     // What dtrain does when it finalizes MPI itself (Note [Finalize over TCP] in
-    // include/dtrain/runtime/session_impl.hpp): across hosts over TCP, MPICH/UCX can hang in
+    // include/dtrain/runtime/detail/session_impl.hpp): across hosts over TCP, MPICH/UCX can hang in
     // MPI_Finalize while a last message is still in flight.
     if (size_ > 1) {
       MPI_Barrier(comm_);

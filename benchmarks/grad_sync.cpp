@@ -46,9 +46,9 @@
 #include <memory>
 #include <vector>
 
-#include <dtrain/dtrain.hpp>
 #include <dtrain/comm/host_collectives.hpp>
-#include <dtrain/runtime/fusion_pipeline.hpp>
+#include <dtrain/dtrain.hpp>
+#include <dtrain/runtime/execution/fusion_pipeline.hpp>
 
 #include "bench_common.hpp"
 

@@ -12,8 +12,8 @@
 #include <thread>
 #include <utility>
 
+#include <dtrain/runtime/execution/op_state.hpp>
 #include <dtrain/runtime/handle.hpp>
-#include <dtrain/runtime/op_state.hpp>
 
 namespace bench {
 

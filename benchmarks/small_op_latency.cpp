@@ -25,8 +25,8 @@
 #include <vector>
 
 #include <dtrain/dtrain.hpp>
-#include <dtrain/runtime/control_channel.hpp>
-#include <dtrain/runtime/messages.hpp>
+#include <dtrain/runtime/engine/control_channel.hpp>
+#include <dtrain/runtime/negotiation/messages.hpp>
 
 #include "bench_common.hpp"
 #include "handoff_thread.hpp"

@@ -89,7 +89,8 @@ class Group {
     run("connect", [&] { context_->connect(addresses, device_); });
     // Connected, the calls wait without a limit of their own: the engine's watchdog enforces the
     // op deadline, discounting this process's pauses and naming the ranks that did not arrive,
-    // as it does for MPI's blocking calls (Note [One op deadline] in runtime/op_deadline.hpp).
+    // as it does for MPI's blocking calls (Note [One op deadline] in
+    // runtime/execution/op_deadline.hpp).
     context_->wait_without_limit();
   }
 

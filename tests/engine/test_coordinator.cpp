@@ -1,5 +1,5 @@
 // The coordinator on its own: request messages in, response messages out, with explicit time
-// points (no MPI, no threads, no sleeping). See the Notes in runtime/coordinator.hpp.
+// points (no MPI, no threads, no sleeping). See the Notes in runtime/negotiation/coordinator.hpp.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/coordinator.hpp"
-#include "dtrain/runtime/host_backend.hpp"
+#include "dtrain/runtime/execution/host_backend.hpp"
+#include "dtrain/runtime/negotiation/coordinator.hpp"
 
 namespace {
 

@@ -1,12 +1,12 @@
 // The failed-op verdicts on their own: who is told, and when a verdict is forgotten (Note [Failed
-// ops] in runtime/failed_ops.hpp).
+// ops] in runtime/negotiation/failed_ops.hpp).
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/failed_ops.hpp"
+#include "dtrain/runtime/negotiation/failed_ops.hpp"
 
 namespace {
 

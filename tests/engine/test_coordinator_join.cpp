@@ -1,5 +1,5 @@
 // The coordinator's join on its own: when it completes, fails or times out (Note [Join] in
-// runtime/join_tracker.hpp).
+// runtime/negotiation/join_tracker.hpp).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/join_tracker.hpp"
+#include "dtrain/runtime/negotiation/join_tracker.hpp"
 
 namespace {
 

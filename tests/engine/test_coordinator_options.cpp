@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "dtrain/core/config.hpp"
-#include "dtrain/runtime/coordinator_options.hpp"
+#include "dtrain/runtime/negotiation/coordinator_options.hpp"
 
 using namespace dtrain;
 using namespace dtrain::detail;

@@ -1,5 +1,5 @@
 // The fusion planner on its own: ready ops and a threshold in, responses out (Note [Fusion
-// planning] in runtime/fusion_planner.hpp).
+// planning] in runtime/negotiation/fusion_planner.hpp).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/fusion_planner.hpp"
+#include "dtrain/runtime/negotiation/fusion_planner.hpp"
 
 namespace {
 

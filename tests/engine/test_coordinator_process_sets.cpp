@@ -1,6 +1,6 @@
 // The coordinator with process sets, on its own (no MPI): sets are created as ops of the world,
 // and each set negotiates, validates, fuses, caches, joins and reports stalls among its members
-// only (Note [Process sets] in runtime/coordinator.hpp).
+// only (Note [Process sets] in runtime/negotiation/coordinator.hpp).
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/coordinator.hpp"
+#include "dtrain/runtime/negotiation/coordinator.hpp"
 
 namespace {
 

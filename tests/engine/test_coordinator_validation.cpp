@@ -1,5 +1,5 @@
 // Validation across ranks on its own: each rank's request of one op in, the ready op or its failure
-// out (Note [Validation across ranks] in runtime/cross_rank_validation.hpp).
+// out (Note [Validation across ranks] in runtime/negotiation/cross_rank_validation.hpp).
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/cross_rank_validation.hpp"
+#include "dtrain/runtime/negotiation/cross_rank_validation.hpp"
 
 namespace {
 

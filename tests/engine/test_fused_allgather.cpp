@@ -1,6 +1,7 @@
-// Allgathers fused into one collective (Note [Fused allgather] in runtime/host_backend.hpp): dim
-// 0 differing per rank and per tensor, ranks with no rows at all, several dtypes in one burst (one
-// collective per dtype, never one across dtypes), a rank that joined, and fusion switched off.
+// Allgathers fused into one collective (Note [Fused allgather] in
+// runtime/execution/host_backend.hpp): dim 0 differing per rank and per tensor, ranks with no rows
+// at all, several dtypes in one burst (one collective per dtype, never one across dtypes), a rank
+// that joined, and fusion switched off.
 #include <cstdint>
 #include <cstring>
 #include <string>

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/negotiation/messages.hpp"
 
 namespace {
 

@@ -1,7 +1,8 @@
 // Process sets across processes: every collective on the even and odd ranks' sets and on the
 // world at once, submitted in different orders on different ranks, against closed forms;
 // overlapping sets; a mismatch that stays inside its set; a non-member's use refused; joins per
-// set; and the errors of add_process_set (Note [Process sets] in runtime/coordinator.hpp).
+// set; and the errors of add_process_set (Note [Process sets] in
+// runtime/negotiation/coordinator.hpp).
 #include <algorithm>
 #include <cstdint>
 #include <functional>

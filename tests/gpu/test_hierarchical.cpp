@@ -4,7 +4,7 @@
 // (uneven hosts, counts not divisible by the local size) is proven without a GPU.
 #include "dtrain/comm/hierarchical.hpp"
 #include "dtrain/dtrain.hpp"
-#include "dtrain/runtime/topology.hpp"
+#include "dtrain/runtime/execution/topology.hpp"
 
 #include <doctest/doctest.h>
 #include <mpi.h>

@@ -8,8 +8,9 @@ Each header becomes a translation unit holding only `#include <dtrain/...>`, che
 `-fsyntax-only` and the flags in FLAGS_FILE (one argument per line: the compiler first, then the
 include directories and definitions dtrain::header_only gives its users). Headers under a skipped
 prefix (torch/ without libtorch, cuda/ without the CUDA toolkit) are listed and left out.
---only-with-impl keeps the headers that have definitions of their own (a sibling x_impl.hpp of
-x.hpp): in header-only mode those are the ones that pull the engine in at their end. Exit
+--only-with-impl keeps the headers that have definitions of their own (x_impl.hpp beside x.hpp,
+or in the detail/ folder beside it): in header-only mode those are the ones that pull the engine in
+at their end. Exit
 status 0 when every header compiled; 1 with each failure's compiler output otherwise.
 """
 import argparse
@@ -61,8 +62,9 @@ def main():
             if not name.endswith(".hpp"):
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), args.include_dir)
-            if args.only_with_impl and not os.path.exists(
-                    os.path.join(dirpath, name[:-len(".hpp")] + "_impl.hpp")):
+            impl = name[:-len(".hpp")] + "_impl.hpp"
+            beside = (os.path.join(dirpath, impl), os.path.join(dirpath, "detail", impl))
+            if args.only_with_impl and not any(os.path.exists(p) for p in beside):
                 continue
             (skipped if any(rel.startswith(p) for p in args.skip) else headers).append(rel)
     headers.sort()

@@ -25,7 +25,7 @@ DTRAIN_TEST_REQUIRE_NETNS=1 (tools/run-tests.sh as root) makes missing namespace
 
 Note [Finalize over TCP]
 The jobs here are the ones that showed MPICH/UCX hanging in MPI_Finalize across hosts; dtrain
-settles a multi-host job before it finalizes MPI (include/dtrain/runtime/session_impl.hpp, Note
+settles a multi-host job before it finalizes MPI (include/dtrain/runtime/detail/session_impl.hpp, Note
 [Finalize over TCP]). A job that still hangs there is reported as such, with its output.
 """
 import json

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dtrain/comm/hierarchical.hpp"
-#include "dtrain/runtime/topology.hpp"
+#include "dtrain/runtime/execution/topology.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {

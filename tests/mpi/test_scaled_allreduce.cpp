@@ -1,8 +1,8 @@
 // Average, prescale and postscale at the price of Sum (Note [Scaled allreduce]): a large scaled
-// allreduce is a ring reduce-scatter whose last addition also scales, and an allgather. Checked against
-// plain MPI (MPI_SUM in double, then a scaling loop) and against closed forms, for lone tensors,
-// fused groups and the hierarchical path, at sizes that do not divide by the rank count; and
-// checked to take that road (the MPI calls are counted through the PMPI profiling interface).
+// allreduce is a ring reduce-scatter whose last addition also scales, and an allgather. Checked
+// against plain MPI (MPI_SUM in double, then a scaling loop) and against closed forms, for lone
+// tensors, fused groups and the hierarchical path, at sizes that do not divide by the rank count;
+// and checked to take that road (the MPI calls are counted through the PMPI profiling interface).
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "dtrain/comm/pieces_in_flight.hpp"
-#include "dtrain/runtime/fusion_pipeline.hpp"
+#include "dtrain/runtime/execution/fusion_pipeline.hpp"
 #include "dtrain/tensor/traits.hpp"
 #include "mpi_test_util.hpp"
 

@@ -1,6 +1,6 @@
 // Topology under emulated host layouts (DTRAIN_HOST_ID set per rank before init), checked against
-// the definitions: local = ranks on the same host, local_rank by world rank within the host; cross =
-// ranks with the same local rank, cross_rank in host order (hosts numbered by their lowest world
+// the definitions: local = ranks on the same host, local_rank by world rank within the host; cross
+// = ranks with the same local rank, cross_rank in host order (hosts numbered by their lowest world
 // rank); homogeneous = every host has the same number of ranks. The local and cross communicators
 // must group exactly those ranks.
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "dtrain/runtime/runtime_state.hpp"
+#include "dtrain/runtime/engine/runtime_state.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {

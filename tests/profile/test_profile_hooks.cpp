@@ -10,8 +10,8 @@
 
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/logging.hpp"
-#include "dtrain/runtime/profile_hooks.hpp"
-#include "dtrain/runtime/topology.hpp"
+#include "dtrain/runtime/engine/profile_hooks.hpp"
+#include "dtrain/runtime/execution/topology.hpp"
 
 TEST_CASE("without the profiler in the program, init() says that DTRAIN_PROFILE is ignored") {
   using namespace dtrain::detail;

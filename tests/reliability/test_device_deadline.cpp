@@ -1,6 +1,6 @@
-// One op deadline on every path (Note [One op deadline] in runtime/op_deadline.hpp): the device
-// paths' deadlines use rank 0's DTRAIN_OP_TIMEOUT_SECONDS, as the host path's watchdog does, and
-// discount the process's own pauses. Checked on the CPU: the rule itself, and what the engine
+// One op deadline on every path (Note [One op deadline] in runtime/execution/op_deadline.hpp): the
+// device paths' deadlines use rank 0's DTRAIN_OP_TIMEOUT_SECONDS, as the host path's watchdog does,
+// and discount the process's own pauses. Checked on the CPU: the rule itself, and what the engine
 // hands a device backend, through a stand-in backend registered where <dtrain/cuda.hpp> registers
 // the real one.
 #include <chrono>
@@ -8,9 +8,9 @@
 #include <span>
 #include <vector>
 
-#include "dtrain/runtime/backend.hpp"
 #include "dtrain/runtime/device_registry.hpp"
-#include "dtrain/runtime/op_deadline.hpp"
+#include "dtrain/runtime/execution/backend.hpp"
+#include "dtrain/runtime/execution/op_deadline.hpp"
 #include "engine/engine_test.hpp"
 
 namespace {

@@ -254,7 +254,8 @@ TEST_CASE("a rank that shuts down while the others are in join() fails their joi
   check_still_works();
 }
 
-// Note [Generated names] in runtime/engine.hpp: unnamed ops belong to the thread that called init().
+// Note [Generated names] in runtime/engine/engine.hpp: unnamed ops belong to the thread that called
+// init().
 const std::string kNotInitThread = "from a thread other than the one that called dtrain::init()";
 
 // Every op on this rank now fails with a ShutdownError naming the rank that ended the job (when

@@ -15,7 +15,7 @@
 
 #include "dtrain/runtime/grouped_collectives.hpp"
 #include "dtrain/runtime/process_set.hpp"
-#include "dtrain/runtime/response_executor.hpp"  // detail::fail_set_creation_at()
+#include "dtrain/runtime/execution/response_executor.hpp"  // detail::fail_set_creation_at()
 #include "engine/engine_test.hpp"
 #include "reliability/expected_errors.hpp"
 

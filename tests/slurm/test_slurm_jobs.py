@@ -109,7 +109,7 @@ class SrunStartsTheRanks(SlurmTest):
     def test_without_pmi_init_names_the_fix(self):
         # Debian's srun defaults to --mpi=none: MPICH then makes each task a one-rank job, and
         # dtrain::init() says so instead of letting both train alone (Note [One-rank worlds
-        # under srun] in include/dtrain/runtime/launch_check.hpp).
+        # under srun] in include/dtrain/runtime/engine/launch_check.hpp).
         self.need(PROBE)
         done = self.run_client(["srun", "-n", "2", PROBE, "--elements", "4096"])
         self.assertNotEqual(done.returncode, 0, done.stdout + done.stderr)

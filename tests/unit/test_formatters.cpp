@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "dtrain/comm/reduce_op.hpp"
-#include "dtrain/runtime/messages.hpp"
+#include "dtrain/runtime/negotiation/messages.hpp"
 #include "dtrain/tensor/device.hpp"
 #include "dtrain/tensor/dtype.hpp"
 

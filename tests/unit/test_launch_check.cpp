@@ -1,5 +1,5 @@
-// Note [One-rank worlds under srun] (runtime/launch_check.hpp).
-#include "dtrain/runtime/launch_check.hpp"
+// Note [One-rank worlds under srun] (runtime/engine/launch_check.hpp).
+#include "dtrain/runtime/engine/launch_check.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,6 +1,6 @@
-// Note [Own pauses] (runtime/watchdog.hpp): lateness spent waiting for a CPU is not a pause; the
-// rest of it, from a second on, is.
-#include "dtrain/runtime/watchdog.hpp"
+// Note [Own pauses] (runtime/execution/watchdog.hpp): lateness spent waiting for a CPU is not a
+// pause; the rest of it, from a second on, is.
+#include "dtrain/runtime/execution/watchdog.hpp"
 
 #include <doctest/doctest.h>
 

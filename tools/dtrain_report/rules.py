@@ -490,7 +490,7 @@ def _engine_wait(s: RankSummary) -> _EngineWait:
 
 def engine_busy_wait(a: Analysis) -> Finding:
     """The engine thread's CPU time per unit of its time executing collectives says how it waits
-    for its peers (Note [Engine CPU time] in runtime/thread_cpu_clock.hpp): a thread that polls MPI uses a
+    for its peers (Note [Engine CPU time] in runtime/engine/thread_cpu_clock.hpp): a thread that polls MPI uses a
     core for the whole collective, one that sleeps between tests little beyond the collective's
     own work. collective_ns is the denominator because it is the engine thread's own wall time
     in collectives; negotiation_ns is summed over ops that overlap, nobody's wall time."""

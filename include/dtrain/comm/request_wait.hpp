@@ -1,6 +1,6 @@
 #pragma once
 // How the engine waits for its nonblocking MPI requests. See Note [Waiting without burning cores]
-// in runtime/wait_policy.hpp for the control messages; this is the same idea for the data.
+// in runtime/engine/wait_policy.hpp for the control messages; this is the same idea for the data.
 //
 // Note [Waiting for data collectives]
 // MPICH (ch4/UCX) waits inside a blocking collective by polling, on the core the rank would run

@@ -2,7 +2,8 @@
 // Note [Build modes]
 // One set of headers, two ways to build a program with them.
 //
-// Header-only (the default, and what a copy of include/ gives): every translation unit that
+// Header-only (dtrain::header_only, a copy of include/, any file compiled without
+// DTRAIN_COMPILED_LIB; CMake's dtrain::dtrain is the compiled mode): every translation unit that
 // includes a public header also compiles the engine behind it, as inline definitions the linker
 // folds into one. Nothing to build or link but MPI and {fmt}; each such file pays for the engine.
 //

@@ -21,7 +21,7 @@
 #include "dtrain/cuda/nccl_comm.hpp"
 #include "dtrain/cuda/staging_backend.hpp"
 #include "dtrain/cuda/transport.hpp"
-#include "dtrain/runtime/backend.hpp"
+#include "dtrain/runtime/execution/backend.hpp"
 
 namespace dtrain {
 namespace cuda {

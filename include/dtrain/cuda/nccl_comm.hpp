@@ -30,7 +30,7 @@
 #include "dtrain/comm/reduce_op.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/cuda/error.hpp"
-#include "dtrain/runtime/op_deadline.hpp"
+#include "dtrain/runtime/execution/op_deadline.hpp"
 #include "dtrain/tensor/dtype.hpp"
 
 #if !defined(NCCL_VERSION_CODE) || NCCL_VERSION_CODE < 21400
@@ -83,7 +83,7 @@ inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
   return ncclSum;
 }
 
-// When an op must have finished (Note [One op deadline] in runtime/op_deadline.hpp).
+// When an op must have finished (Note [One op deadline] in runtime/execution/op_deadline.hpp).
 using Deadline = OpDeadline;
 
 // Polling back-off: spin briefly (an op that is about to finish costs no sleep), then yield, then

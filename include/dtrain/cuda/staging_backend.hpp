@@ -22,7 +22,7 @@
 #include "dtrain/cuda/device.hpp"
 #include "dtrain/cuda/nccl_comm.hpp"
 #include "dtrain/cuda/transport.hpp"
-#include "dtrain/runtime/host_backend.hpp"
+#include "dtrain/runtime/execution/host_backend.hpp"
 
 namespace dtrain::detail {
 

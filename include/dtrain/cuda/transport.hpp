@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/cuda/error.hpp"
-#include "dtrain/runtime/backend.hpp"
+#include "dtrain/runtime/execution/backend.hpp"
 
 namespace dtrain::detail {
 

@@ -58,8 +58,8 @@
 #include "dtrain/profile/options.hpp"
 #include "dtrain/profile/phase.hpp"
 #include "dtrain/profile/profiler_state.hpp"
-#include "dtrain/runtime/profile_hooks.hpp"
-#include "dtrain/runtime/topology.hpp"
+#include "dtrain/runtime/engine/profile_hooks.hpp"
+#include "dtrain/runtime/execution/topology.hpp"
 
 namespace dtrain::detail {
 

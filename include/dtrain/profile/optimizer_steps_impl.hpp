@@ -4,7 +4,7 @@
 
 #include "dtrain/profile/active_profile.hpp"
 #include "dtrain/profile/optimizer_steps.hpp"
-#include "dtrain/runtime/profile_hooks.hpp"
+#include "dtrain/runtime/engine/profile_hooks.hpp"
 
 namespace dtrain::detail {
 

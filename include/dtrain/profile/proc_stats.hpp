@@ -103,19 +103,27 @@ inline std::optional<SystemCpu> parse_system_stat(std::string_view text) {
   return out;
 }
 
-inline std::optional<ProcessStatus> parse_process_status(std::string_view text) {
+// Calls `f(key, value)` for each "key: number" line of a /proc file (/proc/self/status,
+// /proc/self/io), the key with its colon; other lines are skipped.
+template <class F>
+void for_each_proc_number(std::string_view text, F&& f) {
   std::istringstream in{std::string(text)};
-  ProcessStatus s;
-  int found = 0;
   for (std::string line; std::getline(in, line);) {
     std::istringstream words(line);
     std::string key;
     std::uint64_t value = 0;
-    if (!(words >> key >> value)) continue;
+    if (words >> key >> value) f(std::string_view(key), value);
+  }
+}
+
+inline std::optional<ProcessStatus> parse_process_status(std::string_view text) {
+  ProcessStatus s;
+  int found = 0;
+  for_each_proc_number(text, [&](std::string_view key, std::uint64_t value) {
     if (key == "VmRSS:") s.rss_bytes = value * 1024, ++found;  // reported in kB
     else if (key == "voluntary_ctxt_switches:") s.voluntary_switches = value, ++found;
     else if (key == "nonvoluntary_ctxt_switches:") s.involuntary_switches = value, ++found;
-  }
+  });
   if (found == 0) return std::nullopt;
   return s;
 }
@@ -147,17 +155,12 @@ inline std::optional<ByteCounters> parse_net_dev(std::string_view text) {
 
 // /proc/self/io: bytes this process caused to be read from or written to storage.
 inline std::optional<ByteCounters> parse_process_io(std::string_view text) {
-  std::istringstream in{std::string(text)};
   ByteCounters c;
   int found = 0;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream words(line);
-    std::string key;
-    std::uint64_t value = 0;
-    if (!(words >> key >> value)) continue;
+  for_each_proc_number(text, [&](std::string_view key, std::uint64_t value) {
     if (key == "read_bytes:") c.read = value, ++found;
     else if (key == "write_bytes:") c.write = value, ++found;
-  }
+  });
   if (found < 2) return std::nullopt;
   return c;
 }

@@ -21,6 +21,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/core/host_name.hpp"
 #include "dtrain/profile/nvml.hpp"
 #include "dtrain/profile/options.hpp"
 #include "dtrain/profile/phase_times.hpp"
@@ -168,11 +169,5 @@ inline long affinity_cpu_count() {
   return CPU_COUNT(&set);
 }
 
-inline std::string host_label(const std::string& host_id) {
-  if (!host_id.empty()) return host_id;
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
 
 }  // namespace dtrain::detail

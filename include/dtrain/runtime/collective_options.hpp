@@ -1,8 +1,8 @@
 #pragma once
 // What a collective takes besides its tensors: options structs, written with designated
 // initializers (`allreduce(t, {.op = ReduceOp::Sum, .name = "grad"})`). Every op has a name
-// (empty: generated, Note [Generated names] in runtime/op_names.hpp) and a process set (the
-// world unless given; runtime/process_set.hpp).
+// (empty: generated, Note [Generated names] in runtime/negotiation/op_names.hpp) and a process set
+// (the world unless given; runtime/process_set.hpp).
 #include <string>
 
 #include "dtrain/comm/reduce_op.hpp"

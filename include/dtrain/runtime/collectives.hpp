@@ -300,5 +300,5 @@ inline int join(const ProcessSet& process_set = {}) { return join_async(process_
 #include "dtrain/runtime/grouped_collectives.hpp"
 
 #ifdef DTRAIN_HEADER_ONLY
-#include "dtrain/runtime/collectives_impl.hpp"
+#include "dtrain/runtime/detail/collectives_impl.hpp"
 #endif

@@ -4,8 +4,8 @@
 // Note [Engine counters, named once]
 // DTRAIN_ENGINE_STATS_FIELDS is the one list of the counters: EngineStats' fields, the names the
 // profiler writes into profile files (Note [Engine counters in profiles] in
-// profile/records.hpp) and the engine's own atomic counters (runtime/engine_counters.hpp) are
-// all made from it, so a new counter is one line here. Fields marked "rank 0" count the
+// profile/records.hpp) and the engine's own atomic counters (runtime/execution/engine_counters.hpp)
+// are all made from it, so a new counter is one line here. Fields marked "rank 0" count the
 // coordinator's work and are zero on other ranks. dtrain-report shows any counter it finds.
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,7 @@
 #pragma once
 // The size from which a tensor of a fused response is reduced in its own memory rather than
-// packed (Note [Direct segments] in runtime/fusion_pipeline.hpp), for the engine and for the
-// gradient layouts that follow it (GradientBuffer, GradientViews).
+// packed (Note [Direct segments] in runtime/execution/fusion_pipeline.hpp), for the engine and for
+// the gradient layouts that follow it (GradientBuffer, GradientViews).
 #include <cstdint>
 
 namespace dtrain::detail {

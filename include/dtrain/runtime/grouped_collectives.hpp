@@ -2,7 +2,8 @@
 // The grouped collectives: one op over a range of tensors, negotiated as a unit and completed
 // together. Member i of group "<name>" is named "<name>.<i>"; every rank must pass the same
 // number of tensors, and a local error in any member fails the whole group on every rank (Note
-// [Failed ops] in runtime/failed_ops.hpp). Members that may fuse do (Note [Fusion planning]).
+// [Failed ops] in runtime/negotiation/failed_ops.hpp). Members that may fuse do (Note [Fusion
+// planning]).
 #include <cstdint>
 #include <iterator>
 #include <memory>
@@ -122,5 +123,5 @@ std::vector<output_t<range_value_t<R>>> grouped_reducescatter(
 }  // namespace dtrain
 
 #ifdef DTRAIN_HEADER_ONLY
-#include "dtrain/runtime/grouped_collectives_impl.hpp"
+#include "dtrain/runtime/detail/grouped_collectives_impl.hpp"
 #endif

@@ -1,7 +1,7 @@
 #pragma once
 // Handles to in-flight ops: what the caller holds while an op runs. The state they share with the
-// engine lives in runtime/op_state.hpp, reached through the functions below (Note [Build modes]
-// in core/build_mode.hpp).
+// engine lives in runtime/execution/op_state.hpp, reached through the functions below (Note [Build
+// modes] in core/build_mode.hpp).
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -88,5 +88,5 @@ class ResultHandle : public Handle {
 }  // namespace dtrain
 
 #ifdef DTRAIN_HEADER_ONLY
-#include "dtrain/runtime/handle_impl.hpp"
+#include "dtrain/runtime/detail/handle_impl.hpp"
 #endif

@@ -3,8 +3,8 @@
 // (hvd.add_process_set). Every collective takes one in its options (`.process_set`); the default
 // is the world. Only a set's members may use it, and they negotiate, fuse, cache, join and report
 // stalls among themselves; two sets, disjoint or not, run side by side without deadlock (Note
-// [Process sets] in runtime/coordinator.hpp). Declared here and defined with the engine
-// (runtime/process_set_impl.hpp; Note [Build modes] in core/build_mode.hpp).
+// [Process sets] in runtime/negotiation/coordinator.hpp). Declared here and defined with the engine
+// (runtime/detail/process_set_impl.hpp; Note [Build modes] in core/build_mode.hpp).
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -67,5 +67,5 @@ DTRAIN_API ProcessSet add_process_set(std::vector<int> ranks);
 }  // namespace dtrain
 
 #ifdef DTRAIN_HEADER_ONLY
-#include "dtrain/runtime/process_set_impl.hpp"
+#include "dtrain/runtime/detail/process_set_impl.hpp"
 #endif

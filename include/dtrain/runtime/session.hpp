@@ -1,6 +1,6 @@
 #pragma once
 // Lifecycle (init, shutdown, Session) and topology queries. Declared here and defined with the
-// engine (runtime/session_impl.hpp; Note [Build modes] in core/build_mode.hpp).
+// engine (runtime/detail/session_impl.hpp; Note [Build modes] in core/build_mode.hpp).
 #include <string>
 
 #include "dtrain/core/build_mode.hpp"
@@ -72,5 +72,5 @@ DTRAIN_API void stop_timeline();
 }  // namespace dtrain
 
 #ifdef DTRAIN_HEADER_ONLY
-#include "dtrain/runtime/session_impl.hpp"
+#include "dtrain/runtime/detail/session_impl.hpp"
 #endif

@@ -44,6 +44,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -58,6 +59,18 @@
 namespace dtrain {
 namespace detail {
 struct PendingWrite;  // train/checkpoint_impl.hpp
+
+// What rank 0 found in the checkpoint folder; restore() hands it to every rank.
+struct CheckpointChoice {
+  enum class Kind : std::uint8_t { none, found, refused };
+  Kind kind = Kind::none;
+  std::string detail;  // found: the file's path; refused: why, as the error says it
+
+  template <class Self>
+  static auto tie_fields(Self& c) {
+    return std::tie(c.kind, c.detail);
+  }
+};
 }  // namespace detail
 namespace elastic {
 class State;  // train/elastic.hpp: restores its local commits as RestoredCheckpoint too
@@ -240,7 +253,7 @@ class Checkpoint {
                                   std::span<const CheckpointItem> per_rank) const;
   DTRAIN_API PerRankItems gather_per_rank(std::span<const CheckpointItem> per_rank) const;
   DTRAIN_API void refuse_newer_checkpoints(std::int64_t step);
-  DTRAIN_API std::pair<std::string, std::string> choose(std::vector<char>& bytes) const;
+  DTRAIN_API detail::CheckpointChoice choose(std::vector<char>& bytes) const;
   DTRAIN_API static void set_aside(const std::string& path, const std::string& why);
   DTRAIN_API std::string world_size_refusal(const std::string& path,
                                             const detail::CheckpointRecord& record) const;

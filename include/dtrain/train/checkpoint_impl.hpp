@@ -24,15 +24,15 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/core/atomic_file.hpp"
+#include "dtrain/core/crc32c.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/core/version.hpp"
 #include "dtrain/runtime/session.hpp"
-#include "dtrain/core/atomic_file.hpp"
 #include "dtrain/train/checkpoint.hpp"
 #include "dtrain/train/checkpoint_format.hpp"
 #include "dtrain/train/checkpoint_writer.hpp"
-#include "dtrain/core/crc32c.hpp"
 #include "dtrain/train/objects.hpp"
 
 namespace dtrain {
@@ -52,18 +52,19 @@ inline std::string join_names(std::span<const CheckpointItem> items) {
 
 // Note [Checkpoint op names]
 // A Checkpoint's collectives (restore()'s broadcasts, save()'s gather of per-rank items) carry
-// names, so that any thread may call them (Note [Generated names] in runtime/op_names.hpp), and
-// the names are the object's own, so that two Checkpoint objects in use at once on two threads
-// never submit one name: one rank's op of one object would pair with a peer's op of the other (a
-// wrong restore, or a stall). Each rank must derive the same name for the same object without
-// asking the others, since asking is itself an op that needs a name. So the name is
-// "dtrain.checkpoint[<key>]", the key being CheckpointOptions::name or else the directory as the
-// program wrote it (lexically normalized: "ckpt/" and "./ckpt" are "ckpt"); objects of one key
-// alive at the same time in a process add "#<n>", the lowest number no other live object of that
-// key holds. An object made and dropped on one rank alone (to look at the folder, say) therefore
-// shifts no other object's name, and a program that makes its objects in the same order on every
-// rank names them alike. Two objects of one key made at the same moment on two threads may take
-// their numbers in a different order on each rank: such objects need names of their own.
+// names, so that any thread may call them (Note [Generated names] in
+// runtime/negotiation/op_names.hpp), and the names are the object's own, so that two Checkpoint
+// objects in use at once on two threads never submit one name: one rank's op of one object would
+// pair with a peer's op of the other (a wrong restore, or a stall). Each rank must derive the same
+// name for the same object without asking the others, since asking is itself an op that needs a
+// name. So the name is "dtrain.checkpoint[<key>]", the key being CheckpointOptions::name or else
+// the directory as the program wrote it (lexically normalized: "ckpt/" and "./ckpt" are "ckpt");
+// objects of one key alive at the same time in a process add "#<n>", the lowest number no other
+// live object of that key holds. An object made and dropped on one rank alone (to look at the
+// folder, say) therefore shifts no other object's name, and a program that makes its objects in the
+// same order on every rank names them alike. Two objects of one key made at the same moment on two
+// threads may take their numbers in a different order on each rank: such objects need names of
+// their own.
 class CheckpointNameSlots {
  public:
   static int acquire(const std::string& key) {
@@ -162,12 +163,13 @@ DTRAIN_API Checkpoint& Checkpoint::operator=(Checkpoint&& other) noexcept {
 
 
 DTRAIN_API std::optional<RestoredCheckpoint> Checkpoint::restore() {
-  std::pair<std::string, std::string> verdict{"none", ""};  // none | ok <file> | error <why>
+  using Kind = detail::CheckpointChoice::Kind;
+  detail::CheckpointChoice choice;
   auto bytes = std::make_shared<std::vector<char>>();
-  if (rank_ == 0) verdict = choose(*bytes);
-  verdict = broadcast_object(verdict, 0, op_name_ + ".restore");
-  if (verdict.first == "error") throw CheckpointError(verdict.second);
-  if (verdict.first == "none") return std::nullopt;
+  if (rank_ == 0) choice = choose(*bytes);
+  choice = broadcast_object(choice, 0, op_name_ + ".restore");
+  if (choice.kind == Kind::refused) throw CheckpointError(choice.detail);
+  if (choice.kind == Kind::none) return std::nullopt;
 
   std::vector<std::int64_t> size{static_cast<std::int64_t>(bytes->size())};
   broadcast(size, 0, op_name_ + ".restore.file_size");
@@ -177,9 +179,9 @@ DTRAIN_API std::optional<RestoredCheckpoint> Checkpoint::restore() {
   detail::CheckpointRecord record;
   if (const std::string why = detail::parse_checkpoint(*bytes, record); !why.empty())
     throw CheckpointError(fmt::format("dtrain: checkpoint {} arrived damaged on rank {}: {}",
-                                      verdict.second, rank_, why));
+                                      choice.detail, rank_, why));
   checked_folder_ = true;  // restore() picked the newest; later saves continue after it
-  return RestoredCheckpoint(std::move(bytes), std::move(record), verdict.second, rank_);
+  return RestoredCheckpoint(std::move(bytes), std::move(record), choice.detail, rank_);
 }
 
 DTRAIN_API void Checkpoint::save(const TrainingProgress& progress,
@@ -278,7 +280,8 @@ DTRAIN_API void Checkpoint::refuse_newer_checkpoints(std::int64_t step) {
   checked_folder_ = true;
 }
 
-DTRAIN_API std::pair<std::string, std::string> Checkpoint::choose(std::vector<char>& bytes) const {
+DTRAIN_API detail::CheckpointChoice Checkpoint::choose(std::vector<char>& bytes) const {
+  using Kind = detail::CheckpointChoice::Kind;
   std::vector<detail::SkippedCheckpointEntry> skipped;
   const auto files = detail::list_checkpoint_files(options_.directory, &skipped);
   for (const auto& entry : skipped)
@@ -295,13 +298,13 @@ DTRAIN_API std::pair<std::string, std::string> Checkpoint::choose(std::vector<ch
       continue;
     }
     if (std::string refusal = world_size_refusal(it->path.string(), record); !refusal.empty())
-      return {"error", std::move(refusal)};
+      return {Kind::refused, std::move(refusal)};
     detail::log(LogLevel::info, "dtrain: resuming from checkpoint {} (step {}, epoch {})",
                 it->path.string(), record.step, record.epoch);
-    return {"ok", it->path.string()};
+    return {Kind::found, it->path.string()};
   }
   bytes.clear();
-  return {"none", ""};
+  return {Kind::none, ""};
 }
 
 DTRAIN_API void Checkpoint::set_aside(const std::string& path, const std::string& why) {

@@ -26,6 +26,7 @@
 
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/host_name.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/runtime/session.hpp"
@@ -66,12 +67,7 @@ inline void agree_on_problem(const std::string& problem, int rank, int world,
 }
 
 // DTRAIN_HOST_ID where set (hosts emulated on one machine), else the host name.
-inline std::string this_host_name() {
-  if (std::string id = dtrain::config().host_id; !id.empty()) return id;
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
-  return name;
-}
+inline std::string this_host_name() { return host_label(dtrain::config().host_id); }
 
 // A job's name as a number the ranks compare in restore()'s allgather (FNV-1a, 64 bits).
 inline std::int64_t job_fingerprint(std::string_view job) {

@@ -1,7 +1,8 @@
 #pragma once
 // Gradients that live in fusion memory, for plain C++ models: one persistent, pre-touched buffer
 // whose views are the gradients, laid out so that a fused allreduce of them reduces them where
-// they are and copies nothing (Note [Gradients in fusion memory] in runtime/fusion_pipeline.hpp).
+// they are and copies nothing (Note [Gradients in fusion memory] in
+// runtime/execution/fusion_pipeline.hpp).
 //
 //   dtrain::GradientBuffer<float> grads({n_fc2, n_fc1, n_conv});  // backward order
 //   model.fc2.grad = grads.view(0);  ...                          // the model writes into views

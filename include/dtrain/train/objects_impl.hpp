@@ -2,7 +2,7 @@
 #include <string>
 #include <string_view>
 
-#include "dtrain/runtime/collectives_impl.hpp"
+#include "dtrain/runtime/detail/collectives_impl.hpp"
 #include "dtrain/train/objects.hpp"
 
 namespace dtrain::detail {
