@@ -131,6 +131,8 @@ class Harness:
         if missing:
             raise Failure("missing programs (build them in --build-dir): " + ", ".join(missing))
         self.has_compression = self.has_torch = False
+        if "buckets" in experiments and self.args.buckets_ddp:
+            self.has_torch = self.python_has_torch()
         if "training" not in experiments:
             return
         help_text = subprocess.run([self.trainer, "--help"], capture_output=True, text=True,
@@ -142,12 +144,15 @@ class Harness:
             self.note("examples/resnet has no --compression flag: the 'dtrain fp16' variant "
                       "(DistributedOptimizerOptions::compression = fp16) cannot run from the "
                       "command line")
+        self.has_torch = self.python_has_torch()
+
+    def python_has_torch(self):
         done = subprocess.run([self.python, "-c", "import torch; print(torch.__version__)"],
                               capture_output=True, text=True, timeout=120)
-        self.has_torch = done.returncode == 0
-        if not self.has_torch:
+        if done.returncode != 0:
             self.note(f"{self.python} cannot import torch: the PyTorch DDP rows are left out "
                       f"(--python)")
+        return done.returncode == 0
 
     def note(self, text):
         log(f"note: {text}")

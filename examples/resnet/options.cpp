@@ -42,8 +42,9 @@ epoch and gradients are averaged before each step, so the global batch is N x --
   --threads N               intra-op threads per rank (default 0: the cores this process may
                             use, divided by the ranks on the host, at least 1)
   --bucket-mb X             submit gradients for averaging in buckets of X MiB (default:
-                            dtrain's choice by device: one bucket per step on the CPU, 25 MiB
-                            on GPUs; 0: each gradient as soon as backward produces it)
+                            dtrain's choice: 25 MiB on GPUs and across hosts, one bucket per
+                            step on the CPU of one host; 0: each gradient as soon as backward
+                            produces it)
   --compression NAME        none (default), fp16 or bf16: gradients travel as 16-bit floats
                             and are widened back after averaging (half the bytes on the wire)
   --max-steps-per-epoch N   stop each epoch after N steps (default 0: the whole training set)

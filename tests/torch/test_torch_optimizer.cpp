@@ -289,7 +289,45 @@ struct ChainImpl : torch::nn::Module {
 };
 TORCH_MODULE(Chain);
 
+// Three bias-free layers of 10 MiB of gradients each: 25 MiB buckets fill when fc1's arrives.
+struct WideChainImpl : torch::nn::Module {
+  WideChainImpl()
+      : fc1(register_module("fc1", unbiased(1600, 1600))),
+        fc2(register_module("fc2", unbiased(1600, 1600))),
+        fc3(register_module("fc3", unbiased(1600, 1600))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc3(torch::tanh(fc2(torch::tanh(fc1(x))))); }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(WideChain);
+
 }  // namespace
+
+TEST_CASE("CPU gradients of a job across hosts go in 25 MiB buckets during backward by default") {
+  // Every rank a host of its own (DTRAIN_HOST_ID emulation), so the job spans hosts from 2 ranks.
+  dtrain::shutdown();
+  dtrain::Config config = dtrain::Config::from_env();
+  config.host_id = fmt::format("emulated-host-{}", world_rank());
+  dtrain::init(config);
+  const bool spans_hosts = dtrain::size() > 1;
+  REQUIRE(dtrain::local_size() == 1);
+  {
+    WideChain chain;
+    dtrain::broadcast_module(*chain, 0);
+    torch::optim::SGD opt(chain->parameters(), sgd_options());
+    DistributedOptimizer dist(opt, chain->named_parameters());
+    dist.zero_grad();
+    const auto base = dtrain::engine_stats().requests_sent;
+    const torch::Tensor x = torch::ones({2, 1600});
+    torch::mse_loss(chain->forward(x), torch::zeros({2, 1600})).backward();
+    // fc3 (10 MiB) and fc2 (20 MiB) are held; fc1 fills the bucket and all three go.
+    const std::uint64_t during = spans_hosts ? 3 : 0;
+    CHECK(requests_after(base, during) == during);
+    CHECK(dist.step());
+    CHECK(requests_after(base, 3) == 3);
+  }
+  dtrain::shutdown();
+  dtrain::init();  // the other tests' job: every rank on this host
+}
 
 TEST_CASE("bucket_bytes decides which gradients backward submits and which wait for step()") {
   dtrain::init();

@@ -17,13 +17,16 @@
 // meetings; overlap with backward needs some before backward ends. Which wins depends on where the
 // reduction runs. On a GPU it runs on a stream beside the compute kernels, and overlap hides it:
 // the default for CUDA gradients is 25 MiB buckets, as DDP's bucket_cap_mb. On the host it runs on
-// the same cores as backward (the engine thread, MPI's shared-memory copies), so overlap moves work
-// rather than hiding it, and each meeting costs the rank that arrives first CPU time spent waiting
-// in MPI: the default for CPU gradients is one bucket per backward, submitted by step(). With
-// ranks that fill the cores it beat both 25 MiB buckets and a submission per hook on ResNet-20 and
-// ResNet-18 (docs/performance.md, "Gradient buckets"). Set bucket_bytes where overlap pays on the
-// host, e.g. ranks that leave cores idle while a slow network carries the gradients; 0 submits
-// each gradient from its hook.
+// the same cores as backward (the engine thread, MPI's shared-memory copies). Where every rank
+// shares one host, the reduction is memory traffic on those cores: overlap moves work rather than
+// hiding it, and each meeting costs the rank that arrives first CPU time spent waiting, so the
+// default for CPU gradients there is one bucket per backward, submitted by step(); with ranks that
+// fill the cores it beat both 25 MiB buckets and a submission per hook on ResNet-20 and ResNet-18
+// (docs/performance.md, "Gradient buckets"). Where the job spans hosts, the gradients cross a
+// network link that backward does not use, and 25 MiB buckets sent during backward were faster
+// than one bucket at every link speed measured, over MPI (3 to 8%) and more over Gloo (8 to 17%;
+// docs/scaling.md, experiment 4 on this engine): the CPU default there is 25 MiB too. Set
+// bucket_bytes to choose; 0 submits each gradient from its hook.
 //
 // The hook is libtorch's torch::autograd::PostAccumulateGradHook (libtorch >= 2.1), the hook that
 // backs Python's Tensor.register_post_accumulate_grad_hook: it lives in the parameter's own
@@ -289,7 +292,7 @@ class DistributedOptimizer<Opt> {
       if (++s.passes < options_.backward_passes_per_step || s.handle.valid() || s.held) return;
       const auto& grad = s.param.grad();
       capacity = options_.bucket_bytes.value_or(
-          grad.defined() && !grad.is_cpu() ? kDeviceBucketBytes : kWholeBackward);
+          grad.defined() && !grad.is_cpu() ? kBucketBytes : host_bucket_bytes_);
       if (capacity == 0) {
         submit(s);
         return;
@@ -369,8 +372,12 @@ class DistributedOptimizer<Opt> {
   }
 
   // Note [Gradient buckets]
-  static constexpr std::int64_t kDeviceBucketBytes = std::int64_t{25} << 20;
+  static constexpr std::int64_t kBucketBytes = std::int64_t{25} << 20;
   static constexpr std::int64_t kWholeBackward = std::numeric_limits<std::int64_t>::max();
+  static std::int64_t host_default_bucket_bytes() {
+    const bool spans_hosts = dtrain::is_initialized() && dtrain::local_size() < dtrain::size();
+    return spans_hosts ? kBucketBytes : kWholeBackward;
+  }
 
   Opt* opt_;
   DistributedOptimizerOptions options_;
@@ -380,6 +387,7 @@ class DistributedOptimizer<Opt> {
   std::mutex bucket_mutex_;
   std::vector<Slot*> bucket_;  // held gradients, in the order their hooks fired
   std::int64_t bucket_fill_ = 0;
+  std::int64_t host_bucket_bytes_ = host_default_bucket_bytes();  // CPU gradients' default
 };
 
 // Class template argument deduction does not see a partial specialization's constructors.

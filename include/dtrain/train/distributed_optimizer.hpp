@@ -60,7 +60,8 @@ struct DistributedOptimizerOptions {
                                                 // multiply by f/size after (overflow control)
   std::string name = {};                        // group name; empty: generated
   // libtorch hooks only (Note [Gradient buckets] in torch/optimizer.hpp): gradients are submitted
-  // in groups of at least this many bytes; 0: each as backward produces it; unset: by device.
+  // in groups of at least this many bytes; 0: each as backward produces it; unset: 25 MiB on
+  // GPUs and across hosts, one group per step for CPU gradients on one host.
   std::optional<std::int64_t> bucket_bytes = std::nullopt;
 };
 
