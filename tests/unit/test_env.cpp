@@ -54,6 +54,27 @@ TEST_CASE("integers: decimal with an optional K/M/G binary suffix") {
   }
 }
 
+TEST_CASE("counts a launcher writes: decimal digits only, read by name with the problem named") {
+  using dtrain::detail::MapEnv;
+  using dtrain::detail::parse_count_text;
+  using dtrain::detail::read_env_count;
+  CHECK(parse_count_text("0") == 0);
+  CHECK(parse_count_text("007") == 7);
+  CHECK(parse_count_text("999999999999999999") == 999999999999999999LL);
+  for (const char* junk : {"", "-1", "+1", " 1", "1 ", "4K", "1.0", "0x1", "1234567890123456789"})
+    CHECK_MESSAGE(!parse_count_text(junk).has_value(), '"' << junk << '"');
+
+  std::int64_t value = 5;
+  CHECK(read_env_count(MapEnv{}, "DTRAIN_ELASTIC_GENERATION", value).empty());
+  CHECK(value == 5);  // unset: left alone
+  CHECK(read_env_count(MapEnv{{"DTRAIN_ELASTIC_GENERATION", "12"}}, "DTRAIN_ELASTIC_GENERATION",
+                       value).empty());
+  CHECK(value == 12);
+  CHECK(read_env_count(MapEnv{{"DTRAINRUN_RESTART_COUNT", "-2"}}, "DTRAINRUN_RESTART_COUNT",
+                       value) == "DTRAINRUN_RESTART_COUNT='-2' is not a non-negative decimal number");
+  CHECK(value == 12);
+}
+
 TEST_CASE("floats: finite decimals only") {
   using dtrain::detail::parse_float_text;
   const auto ok = [](const char* text, double want) {

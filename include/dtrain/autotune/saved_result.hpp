@@ -42,6 +42,7 @@
 #include "dtrain/autotune/search_space.hpp"
 #include "dtrain/core/atomic_file.hpp"
 #include "dtrain/core/crc32c.hpp"
+#include "dtrain/core/fnv1a.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/tensor/dtype.hpp"
@@ -52,13 +53,7 @@ namespace dtrain::autotune {
 inline constexpr int saved_result_format = 3;
 inline constexpr std::size_t saved_result_max_bytes = 64 * 1024;
 
-inline std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = 0xcbf29ce484222325ULL) {
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
+using dtrain::detail::fnv1a;
 
 struct TensorSignature {
   std::string name;

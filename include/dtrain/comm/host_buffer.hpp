@@ -1,7 +1,8 @@
 #pragma once
-// A persistent, pre-touched host buffer. Fresh memory costs a page fault per 4 KiB page the first
-// time it is written, and glibc maps large allocations afresh on every malloc; so the engine
-// allocates its fusion and scratch buffers once, touches every page, and only grows them.
+// Persistent buffers that only grow, and the pre-touched host one. Fresh memory costs a page fault
+// per 4 KiB page the first time it is written, and glibc maps large allocations afresh on every
+// malloc (the device allocators are slower still); so the engine allocates its fusion, scratch and
+// staging buffers once, touches every host page, and only grows them.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -23,27 +24,36 @@ inline std::size_t grown_capacity(std::size_t bytes, std::size_t capacity, std::
   return (cap + granule - 1) / granule * granule;
 }
 
-class HostBuffer {
+// A buffer that only grows, over the memory `Memory` hands out:
+// Memory::allocate(bytes) (throws when it cannot), Memory::release(p) and Memory::granule. The
+// host, pinned and device buffers differ in nothing else.
+template <class Memory>
+class GrowingBuffer {
  public:
-  HostBuffer() = default;
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer() { std::free(data_); }
+  GrowingBuffer() = default;
+  GrowingBuffer(const GrowingBuffer&) = delete;
+  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
+  ~GrowingBuffer() { reset(); }
 
-  // Returns a buffer of at least `bytes`; contents are unspecified.
+  // Returns a buffer of at least `bytes`; contents are unspecified after it grows. The caller makes
+  // sure nothing still uses the old memory (the device backends complete every op before the next).
   void* reserve(std::size_t bytes) {
     if (bytes <= capacity_) return data_;
-    const std::size_t cap = grown_capacity(bytes, capacity_, 4096);
-    void* p = std::aligned_alloc(4096, cap);
-    if (!p) throw std::bad_alloc();
-    std::memset(p, 0, cap);  // pre-touch: fault the pages in now, not inside a collective
-    std::free(data_);
+    const std::size_t cap = grown_capacity(bytes, capacity_, Memory::granule);
+    void* p = Memory::allocate(cap);
+    if (data_) Memory::release(data_);
     data_ = p;
     capacity_ = cap;
     ++allocations_;
     return data_;
   }
-  void* data() noexcept { return data_; }
+  // Frees the memory (a device buffer: with its device current).
+  void reset() noexcept {
+    if (data_) Memory::release(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+  }
+  void* data() const noexcept { return data_; }
   std::size_t capacity() const noexcept { return capacity_; }
   std::uint64_t allocations() const noexcept { return allocations_; }
 
@@ -52,5 +62,20 @@ class HostBuffer {
   std::size_t capacity_ = 0;
   std::uint64_t allocations_ = 0;
 };
+
+// Page-aligned host memory, every page touched when it is allocated: the faults happen now, not
+// inside a collective.
+struct PrefaultedHostMemory {
+  static constexpr std::size_t granule = 4096;
+  static void* allocate(std::size_t bytes) {
+    void* p = std::aligned_alloc(granule, bytes);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  static void release(void* p) noexcept { std::free(p); }
+};
+
+using HostBuffer = GrowingBuffer<PrefaultedHostMemory>;
 
 }  // namespace dtrain::detail

@@ -164,6 +164,31 @@ inline ParsedInt parse_int_text(std::string_view text) noexcept {
   return out;
 }
 
+// A count a launcher writes into a rank's environment (a world's generation, an attempt, a
+// restart count): decimal digits only, no sign, suffix or space, at most 18 of them. dtrainrun
+// writes these, so anything else is a mistake to report, not a setting to interpret.
+inline std::optional<std::int64_t> parse_count_text(std::string_view text) noexcept {
+  if (text.empty() || text.size() > 18 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  std::int64_t value = 0;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+// The count `name` holds in `env`, into `value` (left alone when unset). Returns what is wrong,
+// naming the variable and its value, or an empty string.
+inline std::string read_env_count(const EnvSource& env, const std::string& name,
+                                  std::int64_t& value) {
+  const auto text = env.get(name);
+  if (!text) return {};
+  if (const auto count = parse_count_text(*text)) {
+    value = *count;
+    return {};
+  }
+  return name + "='" + *text + "' is not a non-negative decimal number";
+}
+
 struct ParsedFloat {
   ParseStatus status = ParseStatus::not_a_number;
   double value = 0;

@@ -102,71 +102,33 @@ inline void cuda_deallocate(void* p, int device) noexcept {
   if (previous >= 0 && previous != device) cudaSetDevice(previous);
 }
 
-// A persistent device buffer that only grows (fusion and scratch space).
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { reset(); }
-  // Frees the memory (call with the buffer's device current).
-  void reset() noexcept {
-    if (data_) cudaFree(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-  }
-  // On the current device. Contents are unspecified after growth; the caller makes sure no
-  // device work still uses the old memory (the device backends complete every op before the next).
-  void* reserve(std::size_t bytes) {
-    if (bytes <= capacity_ && data_) return data_;
-    const std::size_t cap = grown_capacity(bytes, capacity_, std::size_t{2} << 20);
+// Device memory on the current device, in the allocator's 2 MiB granules.
+struct DeviceMemory {
+  static constexpr std::size_t granule = std::size_t{2} << 20;
+  static void* allocate(std::size_t bytes) {
     void* p = nullptr;
-    cuda_check(cudaMalloc(&p, cap), fmt::format("cudaMalloc of a {} byte device buffer", cap));
-    if (data_) cudaFree(data_);
-    data_ = p;
-    capacity_ = cap;
-    ++allocations_;
-    return data_;
+    cuda_check(cudaMalloc(&p, bytes), fmt::format("cudaMalloc of a {} byte device buffer", bytes));
+    return p;
   }
-  void* data() const noexcept { return data_; }
-  std::size_t capacity() const noexcept { return capacity_; }
-  std::uint64_t allocations() const noexcept { return allocations_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t capacity_ = 0;
-  std::uint64_t allocations_ = 0;
+  static void release(void* p) noexcept { cudaFree(p); }
 };
 
 // Page-locked host memory: device copies to and from it run asynchronously at full speed.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() {
-    if (data_) cudaFreeHost(data_);
-  }
-  void* reserve(std::size_t bytes) {
-    if (bytes <= capacity_ && data_) return data_;
-    const std::size_t cap = grown_capacity(bytes, capacity_, 4096);
+struct PinnedMemory {
+  static constexpr std::size_t granule = 4096;
+  static void* allocate(std::size_t bytes) {
     void* p = nullptr;
-    cuda_check(cudaHostAlloc(&p, cap, cudaHostAllocPortable),
-               fmt::format("cudaHostAlloc of a {} byte pinned staging buffer", cap));
-    if (data_) cudaFreeHost(data_);
-    data_ = p;
-    capacity_ = cap;
-    ++allocations_;
-    return data_;
+    cuda_check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable),
+               fmt::format("cudaHostAlloc of a {} byte pinned staging buffer", bytes));
+    return p;
   }
-  void* data() const noexcept { return data_; }
-  std::uint64_t allocations() const noexcept { return allocations_; }
-
- private:
-  void* data_ = nullptr;
-  std::size_t capacity_ = 0;
-  std::uint64_t allocations_ = 0;
+  static void release(void* p) noexcept { cudaFreeHost(p); }
 };
+
+// Persistent buffers that only grow: fusion and scratch space on the device, staging in pinned
+// host memory.
+using DeviceBuffer = GrowingBuffer<DeviceMemory>;
+using PinnedBuffer = GrowingBuffer<PinnedMemory>;
 
 }  // namespace detail
 }  // namespace dtrain

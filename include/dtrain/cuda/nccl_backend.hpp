@@ -266,20 +266,13 @@ class NcclBackend final : public DeviceTransport {
   // ---- allgather / broadcast ---------------------------------------------------------------------
 
   void allgather(Lane& lane, const Response& r, Entry* e, const Deadline& deadline) {
-    const std::int64_t row = row_numel(r.shape);
-    std::vector<std::int64_t> counts(r.rank_rows.size());
-    std::int64_t total_rows = 0;
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      counts[k] = r.rank_rows[k] * row;
-      total_rows += r.rank_rows[k];
-    }
-    Shape out_shape = r.shape.empty() ? Shape{total_rows} : r.shape;
-    out_shape[0] = total_rows;
+    const AllgatherLayout layout = allgather_layout(r);
+    const std::vector<std::int64_t>& counts = layout.counts;
     const DataType dtype = r.dtype;
     const std::size_t es = element_size(dtype);
-    const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
-    void* out = e ? e->make_output(out_shape)
-                  : lane.scratch.reserve(static_cast<std::size_t>(std::max<std::int64_t>(total, 1)) * es);
+    void* out = e ? e->make_output(layout.out_shape)
+                  : lane.scratch.reserve(
+                        static_cast<std::size_t>(std::max<std::int64_t>(layout.total, 1)) * es);
     const void* in = e ? e->input : nullptr;
     const auto displs = exclusive_prefix(counts);
     const ncclDataType_t type = nccl_datatype(dtype);

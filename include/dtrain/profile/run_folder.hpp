@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/env.hpp"
+#include "dtrain/core/fnv1a.hpp"
 
 namespace dtrain::detail {
 
@@ -75,17 +76,13 @@ inline std::string read_job_identity(const EnvSource& env, JobIdentity& job) {
         "dtrain: {}=\"{}\" cannot name the profile's folder: expected 1 to 128 letters, digits, "
         "'.', '_' or '-', not starting with '.'; {}",
         job_id_variable, *id, fix);
-  std::int64_t n = -1;
-  const bool digits = !attempt->empty() && attempt->size() <= 9 &&
-                      std::all_of(attempt->begin(), attempt->end(),
-                                  [](char c) { return c >= '0' && c <= '9'; });
-  if (digits) std::from_chars(attempt->data(), attempt->data() + attempt->size(), n);
-  if (n < 0)
+  const std::optional<std::int64_t> n = parse_count_text(*attempt);
+  if (!n)
     return fmt::format("dtrain: {}=\"{}\" is not an attempt number: expected 0 (the first world) "
                        "or more; {}",
                        attempt_variable, *attempt, fix);
   job.job_id = *id;
-  job.attempt = n;
+  job.attempt = *n;
   return {};
 }
 
@@ -93,12 +90,7 @@ inline std::string read_job_identity(const EnvSource& env, JobIdentity& job) {
 // 0 outside dtrainrun.
 inline std::int64_t job_fingerprint(const JobIdentity& job) {
   if (!job.under_dtrainrun()) return 0;
-  std::uint64_t h = 14695981039346656037ull;
-  const std::string text = fmt::format("{}\n{}", job.job_id, job.attempt);
-  for (const unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  const std::uint64_t h = fnv1a(fmt::format("{}\n{}", job.job_id, job.attempt));
   return static_cast<std::int64_t>(h | 1);  // never 0
 }
 

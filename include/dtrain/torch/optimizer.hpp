@@ -141,7 +141,9 @@ class DistributedOptimizer<Opt> {
   DistributedOptimizer(Opt& optimizer,
                        const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
                        DistributedOptimizerOptions options = {})
-      : opt_(&optimizer), options_(std::move(options)), gate_(options_.backward_passes_per_step) {
+      : optimizer_(&optimizer),
+        options_(std::move(options)),
+        gate_(options_.backward_passes_per_step) {
     detail::validate(options_);
     prefix_ = detail::optimizer_group_name(options_.name);
     std::map<const void*, std::string> name_of;
@@ -157,7 +159,7 @@ class DistributedOptimizer<Opt> {
     // Every name is resolved before any hook is registered: a constructor that throws must not
     // leave hooks behind that point into the half-built object.
     std::vector<std::pair<torch::Tensor*, std::string>> resolved;
-    for (auto& group : opt_->param_groups())
+    for (auto& group : optimizer_->param_groups())
       for (auto& p : group.params()) {
         auto it = name_of.find(p.unsafeGetTensorImpl());
         if (it == name_of.end())
@@ -175,12 +177,14 @@ class DistributedOptimizer<Opt> {
   // Without names: parameters are named by their position in the optimizer's groups, which must
   // then be built in the same order on every rank.
   explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
-      : opt_(&optimizer), options_(std::move(options)), gate_(options_.backward_passes_per_step) {
+      : optimizer_(&optimizer),
+        options_(std::move(options)),
+        gate_(options_.backward_passes_per_step) {
     detail::validate(options_);
     prefix_ = detail::optimizer_group_name(options_.name);
     std::vector<std::pair<torch::Tensor*, std::string>> resolved;
     std::size_t g = 0;
-    for (auto& group : opt_->param_groups()) {
+    for (auto& group : optimizer_->param_groups()) {
       std::size_t i = 0;
       for (auto& p : group.params())
         resolved.emplace_back(&p, fmt::format("group{}.param{}", g, i++));
@@ -205,7 +209,7 @@ class DistributedOptimizer<Opt> {
 
   // Call after every backward pass; see Note [Gradient accumulation]. Returns true if it stepped.
   bool step() {
-    return gate_.step([&] { synchronize(); }, [&] { opt_->step(); });
+    return gate_.step([&] { synchronize(); }, [&] { optimizer_->step(); });
   }
 
   // Completes the allreduce of every gradient now (submitting those whose hook did not fire).
@@ -219,7 +223,7 @@ class DistributedOptimizer<Opt> {
   void zero_grad() {
     submit_held();
     wait_pending();
-    opt_->zero_grad();
+    optimizer_->zero_grad();
   }
 
   // Within the returned scope, the next step() uses the gradients as they are (already
@@ -227,7 +231,7 @@ class DistributedOptimizer<Opt> {
   using SkipSynchronize = detail::StepGate::SkipScope;
   [[nodiscard]] SkipSynchronize skip_synchronize() { return gate_.skip_synchronize(); }
 
-  Opt& optimizer() noexcept { return *opt_; }
+  Opt& optimizer() noexcept { return *optimizer_; }
   const DistributedOptimizerOptions& options() const noexcept { return options_; }
 
  private:
@@ -379,7 +383,7 @@ class DistributedOptimizer<Opt> {
     return spans_hosts ? kBucketBytes : kWholeBackward;
   }
 
-  Opt* opt_;
+  Opt* optimizer_;
   DistributedOptimizerOptions options_;
   std::string prefix_;
   detail::StepGate gate_;

@@ -77,7 +77,9 @@ template <class Opt>
 class DistributedOptimizer {
  public:
   explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
-      : opt_(&optimizer), options_(std::move(options)), gate_(options_.backward_passes_per_step) {
+      : optimizer_(&optimizer),
+        options_(std::move(options)),
+        gate_(options_.backward_passes_per_step) {
     static_assert(Optimizer<Opt>,
                   "dtrain: DistributedOptimizer needs dtrain::optimizer_traits<Opt> (step and "
                   "gradients; see Note [Optimizer customization point]) — or include "
@@ -89,12 +91,12 @@ class DistributedOptimizer {
   // Counts one backward pass; every backward_passes_per_step-th call allreduces the gradients
   // (unless synchronize() already did, see skip_synchronize) and steps. Returns true if it stepped.
   bool step() {
-    return gate_.step([&] { synchronize(); }, [&] { optimizer_traits<Opt>::step(*opt_); });
+    return gate_.step([&] { synchronize(); }, [&] { optimizer_traits<Opt>::step(*optimizer_); });
   }
 
   // Allreduces the gradients now (blocking), e.g. to clip them before step().
   void synchronize() {
-    auto&& grads = optimizer_traits<Opt>::gradients(*opt_);
+    auto&& grads = optimizer_traits<Opt>::gradients(*optimizer_);
     std::vector<TensorView> views;
     for (auto& g : grads) {
       using G = std::remove_cvref_t<decltype(g)>;
@@ -111,11 +113,11 @@ class DistributedOptimizer {
   using SkipSynchronize = detail::StepGate::SkipScope;
   [[nodiscard]] SkipSynchronize skip_synchronize() { return gate_.skip_synchronize(); }
 
-  Opt& optimizer() noexcept { return *opt_; }
+  Opt& optimizer() noexcept { return *optimizer_; }
   const DistributedOptimizerOptions& options() const noexcept { return options_; }
 
  private:
-  Opt* opt_;
+  Opt* optimizer_;
   DistributedOptimizerOptions options_;
   std::string group_;
   detail::StepGate gate_;

@@ -25,7 +25,9 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/env.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/fnv1a.hpp"
 #include "dtrain/core/host_name.hpp"
 #include "dtrain/core/logging.hpp"
 #include "dtrain/runtime/collectives.hpp"
@@ -71,9 +73,7 @@ inline std::string this_host_name() { return host_label(dtrain::config().host_id
 
 // A job's name as a number the ranks compare in restore()'s allgather (FNV-1a, 64 bits).
 inline std::int64_t job_fingerprint(std::string_view job) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (const char c : job) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  return static_cast<std::int64_t>(h >> 1);  // non-negative
+  return static_cast<std::int64_t>(fnv1a(job) >> 1);  // non-negative
 }
 
 inline std::string describe_job(const std::string& job) {
@@ -89,14 +89,6 @@ inline std::vector<char> write_commit_file(std::filesystem::path directory, std:
   return buffer;
 }
 
-template <class T>
-std::string parse_environment_number(const char* name, T& value) {
-  const char* text = std::getenv(name);
-  if (text == nullptr) return {};
-  if (parse_decimal(std::string_view(text), value) && value >= 0) return {};
-  return fmt::format("{}='{}' is not a non-negative decimal number", name, text);
-}
-
 }  // namespace detail
 
 namespace elastic {
@@ -108,10 +100,11 @@ DTRAIN_API Launch launch_from_environment() {
   if (on != nullptr && !launch.elastic && std::string_view(on) != "0" && *on != '\0')
     throw InvalidArgumentError(fmt::format(
         "dtrain: DTRAIN_ELASTIC='{}': expected 1 (set by dtrainrun's elastic mode) or 0", on));
-  std::string problem = detail::parse_environment_number("DTRAIN_ELASTIC_GENERATION",
-                                                         launch.generation);
+  const detail::ProcessEnv env;
+  std::string problem =
+      detail::read_env_count(env, "DTRAIN_ELASTIC_GENERATION", launch.generation);
   if (problem.empty())
-    problem = detail::parse_environment_number("DTRAINRUN_RESTART_COUNT", launch.restart_count);
+    problem = detail::read_env_count(env, "DTRAINRUN_RESTART_COUNT", launch.restart_count);
   if (!problem.empty())
     throw InvalidArgumentError(
         fmt::format("dtrain: {} (dtrainrun sets it in elastic mode)", problem));

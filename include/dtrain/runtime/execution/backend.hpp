@@ -61,6 +61,28 @@ struct BackendContext {
   Timeline* timeline = nullptr;
 };
 
+// What an allgather gathers, from its response alone: every rank computes the same.
+struct AllgatherLayout {
+  std::vector<std::int64_t> counts;  // elements from each rank
+  Shape out_shape;                   // the ranks' rows one after another
+  std::int64_t total = 0;            // elements in all
+};
+
+inline AllgatherLayout allgather_layout(const Response& r) {
+  AllgatherLayout l;
+  const std::int64_t row = row_numel(r.shape);
+  std::int64_t rows = 0;
+  l.counts.reserve(r.rank_rows.size());
+  for (std::int64_t n : r.rank_rows) {
+    l.counts.push_back(n * row);
+    rows += n;
+  }
+  l.out_shape = r.shape.empty() ? Shape{rows} : r.shape;
+  l.out_shape[0] = rows;
+  l.total = rows * row;
+  return l;
+}
+
 // What an alltoall moves, once the ranks have told each other how many rows each sends each.
 struct AlltoallCounts {
   std::vector<std::int64_t> recv_rows;    // rows received from each rank

@@ -89,12 +89,12 @@ class HostBackend final : public Backend {
     // connects its own like it. No hierarchy: Gloo's ring spans every rank.
     std::shared_ptr<GlooGroup> gloo_group;
   };
-  explicit HostBackend(Options options) : opt_(std::move(options)) {
-    MPI_Comm_rank(opt_.comm, &rank_);
-    MPI_Comm_size(opt_.comm, &size_);
-    gloo_ = opt_.gloo_group.get();
-    if (gloo_) opt_.hierarchical = false;
-    const Options& o = opt_;
+  explicit HostBackend(Options options) : options_(std::move(options)) {
+    MPI_Comm_rank(options_.comm, &rank_);
+    MPI_Comm_size(options_.comm, &size_);
+    gloo_ = options_.gloo_group.get();
+    if (gloo_) options_.hierarchical = false;
+    const Options& o = options_;
     // Without the host layout, assume the worst: every rank on this host.
     ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
     overlap_ = o.pipeline && overlap_pays(ranks_on_host_);  // local: it moves no MPI call
@@ -105,10 +105,10 @@ class HostBackend final : public Backend {
   // The autotuner's settings, applied by every rank at the same response message (Note [Applying
   // tuned settings] in runtime/engine/engine_autotuner.hpp).
   void retune(const TunedSettings& tuned) {
-    opt_.pipeline = tuned.fusion_pipeline;
-    overlap_ = opt_.pipeline && overlap_pays(ranks_on_host_);
-    opt_.hierarchical = tuned.hierarchical_allreduce && opt_.hierarchy.valid() && !gloo_;
-    opt_.pieces_in_flight = tuned.pieces_in_flight;
+    options_.pipeline = tuned.fusion_pipeline;
+    overlap_ = options_.pipeline && overlap_pays(ranks_on_host_);
+    options_.hierarchical = tuned.hierarchical_allreduce && options_.hierarchy.valid() && !gloo_;
+    options_.pieces_in_flight = tuned.pieces_in_flight;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -119,7 +119,7 @@ class HostBackend final : public Backend {
     const auto start = Clock::now();
     if (timeline())
       for (std::size_t i = 0; i < entries.size(); ++i)
-        if (entries[i]) opt_.timeline->span(timeline_row(r, i), "QUEUE", arrival, start);
+        if (entries[i]) options_.timeline->span(timeline_row(r, i), "QUEUE", arrival, start);
     switch (r.kind) {
       case OpKind::allreduce: allreduce(r, entries); break;
       case OpKind::allgather:
@@ -133,7 +133,7 @@ class HostBackend final : public Backend {
       case OpKind::join:
       case OpKind::process_set: break;  // negotiation itself is the synchronization
     }
-    opt_.stats->add(Counter::collectives);
+    options_.stats->add(Counter::collectives);
   }
 
   std::uint64_t buffer_allocations() const noexcept {
@@ -143,31 +143,31 @@ class HostBackend final : public Backend {
 
  private:
   Timeline* timeline() const noexcept {
-    return opt_.timeline && opt_.timeline->active() ? opt_.timeline : nullptr;
+    return options_.timeline && options_.timeline->active() ? options_.timeline : nullptr;
   }
   // The timeline row of tensor i of `r`.
   static std::string timeline_row(const Response& r, std::size_t i) {
     return display_name(r.process_set, r.names[i]);
   }
-  std::int64_t chunk(DataType d) const noexcept { return chunk_elements(opt_.chunk_bytes, d); }
+  std::int64_t chunk(DataType d) const noexcept { return chunk_elements(options_.chunk_bytes, d); }
 
   // Reduces in place and multiplies the result by `factor` (Note [Scaled allreduce]).
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
               double factor) {
-    const int in_flight = opt_.pieces_in_flight;
+    const int in_flight = options_.pieces_in_flight;
     if (gloo_) {
       gloo_->allreduce(buf, n, dtype, op);
       scale_in_place(dtype, buf, n, factor);
       return;
     }
-    if (opt_.hierarchical) {
-      hierarchical_allreduce(buf, n, dtype, op, opt_.hierarchy, piece_, chunk_elems, factor,
-                             opt_.wait, in_flight);
+    if (options_.hierarchical) {
+      hierarchical_allreduce(buf, n, dtype, op, options_.hierarchy, piece_, chunk_elems, factor,
+                             options_.wait, in_flight);
     } else if (shards_) {  // every rank has a core: shards pay (Note [Scaled allreduce])
-      host_allreduce_scaled(buf, n, dtype, op, factor, opt_.comm, chunk_elems, pieces_, opt_.wait,
-                            in_flight);
+      host_allreduce_scaled(buf, n, dtype, op, factor, options_.comm, chunk_elems, pieces_,
+                            options_.wait, in_flight);
     } else {
-      host_allreduce(buf, n, dtype, op, opt_.comm, chunk_elems, opt_.wait, in_flight);
+      host_allreduce(buf, n, dtype, op, options_.comm, chunk_elems, options_.wait, in_flight);
       scale_in_place(dtype, buf, n, factor);
     }
   }
@@ -186,8 +186,8 @@ class HostBackend final : public Backend {
     const ReduceOp op = effective_op(r);
     const double post = effective_postscale(r);
     const std::size_t es = element_size(dtype);
-    if (opt_.hierarchical) opt_.stats->add(Counter::hierarchical_collectives);
-    opt_.stats->add(Counter::bytes_reduced, static_cast<std::uint64_t>(r.total_numel()) * es);
+    if (options_.hierarchical) options_.stats->add(Counter::hierarchical_collectives);
+    options_.stats->add(Counter::bytes_reduced, static_cast<std::uint64_t>(r.total_numel()) * es);
     if (entries.size() == 1) {
       // A lone tensor is reduced in place: no copies into a fusion buffer. A rank that joined
       // contributes the op's identity from scratch memory, through the same calls: whether the
@@ -235,7 +235,7 @@ class HostBackend final : public Backend {
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
-    if (overlap_ || opt_.hierarchical || gloo_) {
+    if (overlap_ || options_.hierarchical || gloo_) {
       // A helper thread packs and unpacks around one piece at a time (Note [Fusion pipeline]); the
       // hierarchy's steps run on three communicators, and Gloo's on its own, one piece at a time.
       pipeline_.run(job, [&](std::int64_t k) {
@@ -257,10 +257,10 @@ class HostBackend final : public Backend {
             if (++completed == pieces) reduce_end = Clock::now();
             job.copy_piece(k, CopyDirection::unpack);
           },
-          opt_.comm, opt_.pieces_in_flight, opt_.wait);
+          options_.comm, options_.pieces_in_flight, options_.wait);
     }
     auto t3 = Clock::now();
-    opt_.stats->add(Counter::fused_collectives);
+    options_.stats->add(Counter::fused_collectives);
     if (auto* tl = timeline()) {
       for (std::size_t i = 0; i < entries.size(); ++i) {
         if (!entries[i]) continue;
@@ -276,39 +276,28 @@ class HostBackend final : public Backend {
   // (Note [Scaled allreduce]). Sizing the shard memory for each of them now keeps the first such
   // step from allocating: steady-state steps grow no buffer.
   void reserve_shards_for_lone(const Response& r, DataType dtype, double lone_factor) {
-    if (!shards_ || opt_.hierarchical) return;
+    if (!shards_ || options_.hierarchical) return;
     const std::int64_t step = std::max<std::int64_t>(chunk(dtype), size_);
     std::size_t bytes = 0;
     for (std::int64_t n : r.numels)
       if (scaled_allreduce_shard_bytes(n, dtype, lone_factor, size_, chunk(dtype)) > 0)
         bytes = std::max(bytes, PiecesInFlight::ring_bytes(std::min(step, n), dtype, size_,
-                                                           opt_.pieces_in_flight));
+                                                           options_.pieces_in_flight));
     pieces_.reserve_ring(bytes);
   }
 
   void allgather(const Response& r, Entry* e) {
-    const std::int64_t row = row_numel(r.shape);
-    std::vector<std::int64_t> counts(r.rank_rows.size());
-    std::int64_t total_rows = 0;
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      counts[k] = r.rank_rows[k] * row;
-      total_rows += r.rank_rows[k];
-    }
-    Shape out_shape = r.shape.empty() ? Shape{total_rows} : r.shape;
-    out_shape[0] = total_rows;
+    const AllgatherLayout layout = allgather_layout(r);
+    const std::vector<std::int64_t>& counts = layout.counts;
     const std::size_t es = element_size(r.dtype);
-    void* out = nullptr;
-    if (e) {
-      out = e->make_output(out_shape);
-    } else {
-      out = scratch_.reserve(static_cast<std::size_t>(total_rows * row) * es);
-    }
+    void* out = e ? e->make_output(layout.out_shape)
+                  : scratch_.reserve(static_cast<std::size_t>(layout.total) * es);
     auto t0 = Clock::now();
     if (gloo_)
       gloo_->allgatherv(e ? e->input : nullptr, out, counts, r.dtype);
     else
-    host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, opt_.comm, chunk(r.dtype),
-                    opt_.wait);
+    host_allgatherv(e ? e->input : nullptr, out, counts, r.dtype, options_.comm, chunk(r.dtype),
+                    options_.wait);
     if (auto* tl = timeline(); tl && e)
       tl->span(timeline_row(r, 0), "MPI_ALLGATHER", t0, Clock::now());
   }
@@ -340,7 +329,8 @@ class HostBackend final : public Backend {
     const auto t1 = Clock::now();
     if (gloo_) gloo_->allgatherv(nullptr, buf, gather_counts_, r.dtype);
     else
-    host_allgatherv_in_place(buf, gather_counts_, r.dtype, opt_.comm, chunk(r.dtype), opt_.wait);
+    host_allgatherv_in_place(buf, gather_counts_, r.dtype, options_.comm, chunk(r.dtype),
+                             options_.wait);
     const auto t2 = Clock::now();
     gather_used_.assign(ranks, 0);  // elements of each rank's block taken by earlier tensors
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -364,7 +354,7 @@ class HostBackend final : public Backend {
       }
     }
     const auto t3 = Clock::now();
-    opt_.stats->add(Counter::fused_collectives);
+    options_.stats->add(Counter::fused_collectives);
     if (auto* tl = timeline()) {
       for (std::size_t i = 0; i < entries.size(); ++i) {
         if (!entries[i]) continue;
@@ -381,19 +371,20 @@ class HostBackend final : public Backend {
     auto t0 = Clock::now();
     if (gloo_) gloo_->broadcast(buf, n, r.dtype, r.root);
     else
-    host_broadcast(buf, n, r.dtype, r.root, opt_.comm, chunk(r.dtype), opt_.wait,
-                   opt_.pieces_in_flight);
+    host_broadcast(buf, n, r.dtype, r.root, options_.comm, chunk(r.dtype), options_.wait,
+                   options_.pieces_in_flight);
     if (auto* tl = timeline(); tl && e) tl->span(timeline_row(r, 0), "MPI_BCAST", t0, Clock::now());
   }
 
   void alltoall(const Response& r, Entry* e) {
-    AlltoallCounts c = exchange_alltoall_counts(*e, size_, opt_.comm, "MPI_Ialltoall", opt_.wait);
+    AlltoallCounts c =
+        exchange_alltoall_counts(*e, size_, options_.comm, "MPI_Ialltoall", options_.wait);
     void* out = e->make_output(c.out_shape);
     auto t0 = Clock::now();
     if (gloo_) gloo_->alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype);
     else
-    host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, opt_.comm, chunk(r.dtype),
-                   opt_.wait);
+    host_alltoallv(e->input, c.send_counts, out, c.recv_counts, r.dtype, options_.comm,
+                   chunk(r.dtype), options_.wait);
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_ALLTOALL", t0, Clock::now());
     e->set_received_splits(std::move(c.recv_rows));
   }
@@ -419,14 +410,14 @@ class HostBackend final : public Backend {
     auto t0 = Clock::now();
     if (gloo_) gloo_->reduce_scatter(send, out, counts, rank_, r.dtype, effective_op(r));
     else
-    host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), opt_.comm, chunk(r.dtype),
-                        opt_.wait);
+    host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), options_.comm, chunk(r.dtype),
+                        options_.wait);
     scale_in_place(r.dtype, out, counts[rank_], effective_postscale(r));
     if (auto* tl = timeline()) tl->span(timeline_row(r, 0), "MPI_REDUCESCATTER", t0, Clock::now());
   }
 
-  GlooGroup* gloo_ = nullptr;  // opt_.gloo_group's
-  Options opt_;
+  GlooGroup* gloo_ = nullptr;  // options_.gloo_group's
+  Options options_;
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;
   HostBuffer scratch_;

@@ -73,7 +73,7 @@ namespace dtrain::detail {
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions o, CoordinatorHooks hooks = {})
-      : opt_(o), hooks_(std::move(hooks)), shut_down_(o.size, false), applied_(o.size, 0),
+      : options_(o), hooks_(std::move(hooks)), shut_down_(o.size, false), applied_(o.size, 0),
         cache_(o.cache_capacity) {
     sets_.try_emplace(0, SetMembers::world(o.size), shared());
   }
@@ -109,10 +109,10 @@ class Coordinator {
   // wait for a batch, how many responses to cache (0: none; evictions go out in the next message).
   void retune(std::int64_t fusion_threshold_bytes, double cycle_time_ms,
               std::int64_t cache_capacity) {
-    opt_.fusion_threshold_bytes = fusion_threshold_bytes;
-    opt_.cycle_time_ms = cycle_time_ms;
-    if (cache_capacity != opt_.cache_capacity) {
-      opt_.cache_capacity = cache_capacity;
+    options_.fusion_threshold_bytes = fusion_threshold_bytes;
+    options_.cycle_time_ms = cycle_time_ms;
+    if (cache_capacity != options_.cache_capacity) {
+      options_.cache_capacity = cache_capacity;
       pending_cache_capacity_ = cache_capacity;
     }
   }
@@ -137,7 +137,7 @@ class Coordinator {
     for (auto& [id, set] : sets_) set.poll_into(now, msg, next_seq_);
     for (Response& s : msg.responses)
       if (s.kind == OpKind::process_set && s.error == ErrorKind::none) create_set(s);
-    if (shut_down_count_ == opt_.size && !shutdown_announced_) {
+    if (shut_down_count_ == options_.size && !shutdown_announced_) {
       msg.shutdown_complete = true;
       shutdown_announced_ = true;
     }
@@ -186,7 +186,7 @@ class Coordinator {
 
  private:
   SharedNegotiation shared() {
-    return SharedNegotiation{&opt_, &hooks_, &stats_, &cache_, &shut_down_};
+    return SharedNegotiation{&options_, &hooks_, &stats_, &cache_, &shut_down_};
   }
 
   void route(int r, Request q, Clock::time_point now) {
@@ -216,7 +216,8 @@ class Coordinator {
       return;
     }
     s.process_set = next_set_id_++;
-    sets_.try_emplace(s.process_set, SetMembers(s.process_set, opt_.size, s.set_ranks), shared());
+    sets_.try_emplace(s.process_set, SetMembers(s.process_set, options_.size, s.set_ranks),
+                      shared());
   }
 
   ResponseMessage finish(ResponseMessage msg) {
@@ -224,7 +225,7 @@ class Coordinator {
     return msg;
   }
 
-  CoordinatorOptions opt_;
+  CoordinatorOptions options_;
   CoordinatorHooks hooks_;
   CoordinatorStats stats_;
   std::vector<bool> shut_down_;

@@ -30,13 +30,14 @@ class StallInspector {
   using Clock = std::chrono::steady_clock;
   enum class Verdict { none, warn, shut_down };
 
-  explicit StallInspector(StallOptions o) : opt_(o) {}
+  explicit StallInspector(StallOptions o) : options_(o) {}
 
   // For waits of which the oldest began at `oldest`.
   Verdict judge(Clock::time_point oldest, Clock::time_point now) const {
-    if (opt_.shutdown_seconds > 0 && now - oldest >= seconds(opt_.shutdown_seconds))
+    if (options_.shutdown_seconds > 0 && now - oldest >= seconds(options_.shutdown_seconds))
       return Verdict::shut_down;
-    if (!opt_.disable && now - std::max(oldest, last_warning_) >= seconds(opt_.check_seconds))
+    if (!options_.disable &&
+        now - std::max(oldest, last_warning_) >= seconds(options_.check_seconds))
       return Verdict::warn;
     return Verdict::none;
   }
@@ -44,9 +45,9 @@ class StallInspector {
   // When judge() next changes its mind for waits of which the oldest began at `oldest`.
   std::optional<Clock::time_point> next_deadline(Clock::time_point oldest) const {
     std::optional<Clock::time_point> t;
-    if (!opt_.disable) t = std::max(oldest, last_warning_) + seconds(opt_.check_seconds);
-    if (opt_.shutdown_seconds > 0) {
-      const auto stop = oldest + seconds(opt_.shutdown_seconds);
+    if (!options_.disable) t = std::max(oldest, last_warning_) + seconds(options_.check_seconds);
+    if (options_.shutdown_seconds > 0) {
+      const auto stop = oldest + seconds(options_.shutdown_seconds);
       if (!t || stop < *t) t = stop;
     }
     return t;
@@ -59,7 +60,7 @@ class StallInspector {
         "dtrain: stalled ops: some ranks have been waiting more than {} s for others to submit "
         "the same op (DTRAIN_STALL_CHECK_TIME_SECONDS):{}\nRun with DTRAIN_LOG_LEVEL=debug to "
         "see what each rank submitted.",
-        opt_.check_seconds, report);
+        options_.check_seconds, report);
   }
 
   // The error every pending op fails with at a stall shutdown.
@@ -70,7 +71,7 @@ class StallInspector {
         "One or more ranks took a different code path (e.g. skipped a step or an op) or are "
         "stuck; every rank must submit every op with the same name. Run with "
         "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
-        opt_.shutdown_seconds, report);
+        options_.shutdown_seconds, report);
   }
 
  private:
@@ -78,7 +79,7 @@ class StallInspector {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
 
-  StallOptions opt_;
+  StallOptions options_;
   Clock::time_point last_warning_{};  // epoch: none yet
 };
 
