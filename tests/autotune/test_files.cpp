@@ -122,9 +122,9 @@ TEST_CASE("tuning log of a whole run: one line per record, numbers that read bac
   TempDir dir;
   const std::string path = dir.file("autotune.csv");
   TunerOptions o;
-  o.steps_per_sample = 2;
+  o.autotune_steps_per_sample = 2;
   o.samples_per_configuration = 3;
-  o.max_configurations = 6;
+  o.autotune_bayes_opt_max_samples = 6;
   Tuner tuner(SearchSpace(SearchSpaceOptions{}), o);
   {
     TuningLog log(path);

@@ -22,10 +22,10 @@ constexpr std::int64_t step_bytes = 100 * MiB;
 
 TunerOptions small_options() {
   TunerOptions o;
-  o.warmup_samples = 0;
-  o.steps_per_sample = 1;
+  o.autotune_warmup_samples = 0;
+  o.autotune_steps_per_sample = 1;
   o.samples_per_configuration = 1;
-  o.max_configurations = 6;
+  o.autotune_bayes_opt_max_samples = 6;
   o.settle_steps = 0;
   return o;
 }
@@ -62,8 +62,8 @@ std::vector<TuningRecord> rows_of(const Tuner& t, RecordKind kind) {
 
 TEST_CASE("warmup samples run the base configuration and are discarded") {
   TunerOptions o = small_options();
-  o.warmup_samples = 2;
-  o.steps_per_sample = 3;
+  o.autotune_warmup_samples = 2;
+  o.autotune_steps_per_sample = 3;
   o.samples_per_configuration = 1;
   Tuner tuner(SearchSpace(SearchSpaceOptions{}), o);
   // Warmup steps are 100x slower than the rest; none of that may reach a score.
@@ -90,7 +90,7 @@ TEST_CASE("warmup samples run the base configuration and are discarded") {
 TEST_CASE("a configuration's score is the median of its samples") {
   TunerOptions o = small_options();
   o.samples_per_configuration = 5;
-  o.steps_per_sample = 2;
+  o.autotune_steps_per_sample = 2;
   Tuner tuner(SearchSpace(SearchSpaceOptions{}), o);
   // Sample seconds 1, 5, 2, 100, 3 (two steps each): the median sample took 3 s.
   for (double s : {1.0, 5.0, 2.0, 100.0, 3.0}) {
@@ -120,7 +120,7 @@ TEST_CASE("a configuration's score is the median of its samples") {
 
 TEST_CASE("tuning stops after the budget and keeps the best configuration") {
   TunerOptions o = small_options();
-  o.max_configurations = 8;
+  o.autotune_bayes_opt_max_samples = 8;
   o.samples_per_configuration = 3;
   Tuner tuner(SearchSpace(SearchSpaceOptions{}), o);
   run_to_end(tuner, step_seconds);
@@ -157,9 +157,9 @@ TEST_CASE("tuning stops after the budget and keeps the best configuration") {
 
 TEST_CASE("generations: one per change, stale steps ignored, settle steps discarded") {
   TunerOptions o = small_options();
-  o.steps_per_sample = 2;
+  o.autotune_steps_per_sample = 2;
   o.settle_steps = 2;
-  o.max_configurations = 5;
+  o.autotune_bayes_opt_max_samples = 5;
   Tuner tuner(SearchSpace(SearchSpaceOptions{}), o);
   std::uint64_t generation = tuner.generation();
   CHECK(generation == 0);
@@ -203,7 +203,7 @@ TEST_CASE("knobs the user fixed are never changed") {
   space.base.hierarchical_allreduce = true;  // single host: not tuned either
   space.fixed = {Knob::cycle_time, Knob::response_cache};
   TunerOptions o = small_options();
-  o.max_configurations = 10;
+  o.autotune_bayes_opt_max_samples = 10;
   Tuner tuner{SearchSpace(space), o};
   run_to_end(tuner, step_seconds);
   REQUIRE(tuner.done());
@@ -220,7 +220,7 @@ TEST_CASE("knobs the user fixed are never changed") {
   SearchSpaceOptions multi;
   multi.multi_host = true;
   TunerOptions m = small_options();
-  m.max_configurations = 10;
+  m.autotune_bayes_opt_max_samples = 10;
   Tuner both{SearchSpace(multi), m};
   run_to_end(both, step_seconds);
   bool on = false, off = false;
@@ -244,7 +244,7 @@ TEST_CASE("a job with nothing to tune keeps its configuration") {
 
 TEST_CASE("a budget of one measures the base configuration and keeps it") {
   TunerOptions o = small_options();
-  o.max_configurations = 1;
+  o.autotune_bayes_opt_max_samples = 1;
   Tuner tuner(SearchSpace(SearchSpaceOptions{}), o);
   CHECK_FALSE(tuner.record_step({step_bytes, 0.1, 0}));
   CHECK(tuner.done());
@@ -264,7 +264,7 @@ TEST_CASE("steps that reduce nothing still give a finite model") {
 
 TEST_CASE("the same reports give the same decisions") {
   TunerOptions o = small_options();
-  o.max_configurations = 10;
+  o.autotune_bayes_opt_max_samples = 10;
   o.seed = 17;
   Tuner a(SearchSpace(SearchSpaceOptions{}), o), b(SearchSpace(SearchSpaceOptions{}), o);
   run_to_end(a, step_seconds);
@@ -292,12 +292,12 @@ TEST_CASE("impossible reports and options are rejected") {
   CHECK_THROWS_AS(tuner.record_step({1, NAN, 0}), dtrain::InvalidArgumentError);
   CHECK_THROWS_AS(tuner.record_step({1, INFINITY, 0}), dtrain::InvalidArgumentError);
   for (auto change : std::vector<std::function<void(TunerOptions&)>>{
-           [](TunerOptions& o) { o.warmup_samples = -1; },
-           [](TunerOptions& o) { o.steps_per_sample = 0; },
+           [](TunerOptions& o) { o.autotune_warmup_samples = -1; },
+           [](TunerOptions& o) { o.autotune_steps_per_sample = 0; },
            [](TunerOptions& o) { o.samples_per_configuration = 0; },
-           [](TunerOptions& o) { o.max_configurations = 0; },
+           [](TunerOptions& o) { o.autotune_bayes_opt_max_samples = 0; },
            [](TunerOptions& o) { o.settle_steps = -1; },
-           [](TunerOptions& o) { o.gaussian_process_noise = -0.5; }}) {
+           [](TunerOptions& o) { o.autotune_gaussian_process_noise = -0.5; }}) {
     TunerOptions o;
     change(o);
     CHECK_THROWS_AS(Tuner(SearchSpace(SearchSpaceOptions{}), o), dtrain::InvalidArgumentError);
@@ -311,15 +311,15 @@ TEST_CASE("tuner options come from the DTRAIN_AUTOTUNE_* settings") {
   c.autotune_bayes_opt_max_samples = 12;
   c.autotune_gaussian_process_noise = 0.25;
   const TunerOptions o = tuner_options(c);
-  CHECK(o.warmup_samples == 1);
-  CHECK(o.steps_per_sample == 7);
-  CHECK(o.max_configurations == 12);
-  CHECK(o.gaussian_process_noise == 0.25);
+  CHECK(o.autotune_warmup_samples == 1);
+  CHECK(o.autotune_steps_per_sample == 7);
+  CHECK(o.autotune_bayes_opt_max_samples == 12);
+  CHECK(o.autotune_gaussian_process_noise == 0.25);
   const TunerOptions d = tuner_options(dtrain::Config{});
-  CHECK(d.warmup_samples == 3);
-  CHECK(d.steps_per_sample == 10);
-  CHECK(d.max_configurations == 20);
-  CHECK(d.gaussian_process_noise == 0.8);
+  CHECK(d.autotune_warmup_samples == 3);
+  CHECK(d.autotune_steps_per_sample == 10);
+  CHECK(d.autotune_bayes_opt_max_samples == 20);
+  CHECK(d.autotune_gaussian_process_noise == 0.8);
 }
 
 TEST_CASE("a knob is the user's when its variable is set or its field is not the default") {

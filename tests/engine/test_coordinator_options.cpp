@@ -29,16 +29,4 @@ TEST_CASE("CoordinatorOptions::from takes every coordinator setting from the Con
   CHECK(o.op_timeout_seconds == 33);
 }
 
-TEST_CASE("a default Config gives the coordinator's own defaults") {
-  const CoordinatorOptions defaults;
-  const CoordinatorOptions o = CoordinatorOptions::from(Config{}, defaults.size);
-  CHECK(o.fusion_threshold_bytes == defaults.fusion_threshold_bytes);
-  CHECK(o.cycle_time_ms == defaults.cycle_time_ms);
-  CHECK(o.cache_capacity == defaults.cache_capacity);
-  CHECK(o.stall_check_disable == defaults.stall_check_disable);
-  CHECK(o.stall_check_time_seconds == defaults.stall_check_time_seconds);
-  CHECK(o.stall_shutdown_time_seconds == defaults.stall_shutdown_time_seconds);
-  CHECK(o.op_timeout_seconds == defaults.op_timeout_seconds);
-}
-
 }  // TEST_SUITE

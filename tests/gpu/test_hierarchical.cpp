@@ -41,20 +41,6 @@ std::vector<std::string> layouts_for(int size) {
   }
 }
 
-HierarchyComms hierarchy_of(const Topology& t) {
-  HierarchyComms h;
-  h.local = t.local_comm;
-  h.cross = t.cross_comm;
-  h.local_rank = t.local_rank;
-  h.local_size = t.local_size;
-  h.cross_rank = t.cross_rank;
-  h.cross_size = t.cross_size;
-  h.hosts = static_cast<int>(t.local_sizes.size());
-  h.parts = *std::min_element(t.local_sizes.begin(), t.local_sizes.end());
-  h.homogeneous = t.homogeneous;
-  return h;
-}
-
 // Small integers in [-3, 3] (non-negative for uint8): sums and products of up to four of them are
 // exact in every dtype, so any association order gives the same bits as MPI_Allreduce.
 std::vector<char> fill(DataType dtype, std::int64_t n, int rank) {
@@ -114,10 +100,9 @@ TEST_CASE("hierarchical allreduce over MPI matches MPI_Allreduce on every emulat
     CAPTURE(layout);
     const std::string host(1, layout[static_cast<std::size_t>(world_rank())]);
     Topology t = make_topology(MPI_COMM_WORLD, host);
-    const HierarchyComms h = hierarchy_of(t);
+    const HierarchyComms h = t.hierarchy();
     HostBuffer scratch;
     for (const Case& c : cases()) check_against_mpi(h, c, scratch, 1 << 20);
-    t.free_comms();
   }
 }
 
@@ -127,13 +112,12 @@ TEST_CASE("hierarchical allreduce: counts beyond the MPI count limit take the ch
   const std::string layout = size == 4 ? "AABB" : size == 3 ? "AAB" : std::string(size, 'A');
   const std::string host(1, layout[static_cast<std::size_t>(world_rank())]);
   Topology t = make_topology(MPI_COMM_WORLD, host);
-  const HierarchyComms h = hierarchy_of(t);
+  const HierarchyComms h = t.hierarchy();
   HostBuffer scratch;
   const std::int64_t saved = mpi_count_limit();
   mpi_count_limit() = 4;  // every piece and every per-rank count now exceeds one MPI call
   for (std::int64_t n : {9, 33, 101}) check_against_mpi(h, {DataType::float32, ReduceOp::Sum, n}, scratch, 4);
   mpi_count_limit() = saved;
-  t.free_comms();
 }
 
 TEST_CASE("DTRAIN_HIERARCHICAL_ALLREDUCE routes host allreduces through the host hierarchy") {

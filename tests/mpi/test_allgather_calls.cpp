@@ -106,16 +106,7 @@ TEST_CASE("hierarchical allreduce gathers its pieces with MPI_Iallgather, even o
   // uneven hosts, and counts that do and do not divide by the parts.
   const std::string layout = size == 4 ? "AABB" : size == 3 ? "AAB" : size == 2 ? "AB" : "A";
   Topology t = make_topology(MPI_COMM_WORLD, std::string(1, layout[static_cast<std::size_t>(rank)]));
-  HierarchyComms h;
-  h.local = t.local_comm;
-  h.cross = t.cross_comm;
-  h.local_rank = t.local_rank;
-  h.local_size = t.local_size;
-  h.cross_rank = t.cross_rank;
-  h.cross_size = t.cross_size;
-  h.hosts = static_cast<int>(t.local_sizes.size());
-  h.parts = *std::min_element(t.local_sizes.begin(), t.local_sizes.end());
-  h.homogeneous = t.homogeneous;
+  const HierarchyComms h = t.hierarchy();
   HostBuffer scratch;
   for (std::int64_t n : {1000, 1001, 7}) {
     CAPTURE(n);
@@ -133,5 +124,4 @@ TEST_CASE("hierarchical allreduce gathers its pieces with MPI_Iallgather, even o
     CHECK(calls.allgatherv == 0);
     CHECK(calls.allgather == 1);
   }
-  t.free_comms();
 }

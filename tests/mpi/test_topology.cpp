@@ -82,16 +82,16 @@ void check_layout(const std::string& layout, const std::function<std::string(int
   const auto runtime = dtrain::detail::runtime("test");
   const auto& t = runtime->topology;
   int comm_rank = -1, comm_size = -1;
-  MPI_Comm_rank(t.local_comm, &comm_rank);
-  MPI_Comm_size(t.local_comm, &comm_size);
+  MPI_Comm_rank(t.local_comm.get(), &comm_rank);
+  MPI_Comm_size(t.local_comm.get(), &comm_size);
   CHECK(comm_rank == e.local_rank);
   CHECK(comm_size == e.local_size);
-  CHECK(members(t.local_comm) == e.local_members);
-  MPI_Comm_rank(t.cross_comm, &comm_rank);
-  MPI_Comm_size(t.cross_comm, &comm_size);
+  CHECK(members(t.local_comm.get()) == e.local_members);
+  MPI_Comm_rank(t.cross_comm.get(), &comm_rank);
+  MPI_Comm_size(t.cross_comm.get(), &comm_size);
   CHECK(comm_rank == e.cross_rank);
   CHECK(comm_size == e.cross_size);
-  CHECK(members(t.cross_comm) == e.cross_members);
+  CHECK(members(t.cross_comm.get()) == e.cross_members);
 
   // The re-initialized runtime works.
   std::vector<std::int32_t> v{dtrain::local_rank()};

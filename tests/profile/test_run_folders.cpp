@@ -193,7 +193,7 @@ TEST_CASE("ranks of different attempts, or with bad DTRAINRUN_ values, fail toge
     dtrain::init(dtrain::Config::from_env());
     CHECK_THROWS_WITH_AS(profile_steps(dir, 1),
                          doctest::Contains("DTRAINRUN_JOB_ID=\"../elsewhere\" cannot name the "
-                                           "profile's folder"),
+                                           "job's folders"),
                          dtrain::InvalidArgumentError);
     dtrain::shutdown();
   }
@@ -204,21 +204,21 @@ TEST_CASE("ranks of different attempts, or with bad DTRAINRUN_ values, fail toge
 }
 
 TEST_CASE("DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT: read, checked, and not taken for settings") {
-  using dtrain::detail::JobIdentity;
+  using dtrain::detail::DtrainrunJob;
   using dtrain::detail::MapEnv;
-  using dtrain::detail::read_job_identity;
+  using dtrain::detail::read_dtrainrun_job;
   using dtrain::detail::run_subfolder;
-  JobIdentity job;
-  CHECK(read_job_identity(MapEnv{}, job).empty());
+  DtrainrunJob job;
+  CHECK(read_dtrainrun_job(MapEnv{}, job).empty());
   CHECK(!job.under_dtrainrun());
-  CHECK(read_job_identity(MapEnv{{"DTRAINRUN_JOB_ID", "j-1.a_b"}, {"DTRAINRUN_ATTEMPT", "12"}},
+  CHECK(read_dtrainrun_job(MapEnv{{"DTRAINRUN_JOB_ID", "j-1.a_b"}, {"DTRAINRUN_ATTEMPT", "12"}},
                           job)
             .empty());
   CHECK(job.job_id == "j-1.a_b");
   CHECK(job.attempt == 12);
   CHECK(run_subfolder("18e-7b", job, 0) == fs::path("j-1.a_b") / "attempt-12");
   CHECK(run_subfolder("18e-7b", job, 2) == fs::path("j-1.a_b") / "attempt-12.2");
-  CHECK(run_subfolder("18e-7b", JobIdentity{}, 3) == fs::path("18e-7b"));
+  CHECK(run_subfolder("18e-7b", DtrainrunJob{}, 3) == fs::path("18e-7b"));
   for (const auto& [id, attempt, expected] : std::vector<std::tuple<std::string, std::string,
                                                                     std::string>>{
            {"", "0", "DTRAINRUN_JOB_ID=\"\" cannot name"},
@@ -230,14 +230,14 @@ TEST_CASE("DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT: read, checked, and not taken 
        }) {
     CAPTURE(id);
     CAPTURE(attempt);
-    const std::string problem = read_job_identity(
+    const std::string problem = read_dtrainrun_job(
         MapEnv{{"DTRAINRUN_JOB_ID", id}, {"DTRAINRUN_ATTEMPT", attempt}}, job);
     CHECK(problem.find(expected) != std::string::npos);
     CHECK(problem.find("outside dtrainrun set neither") != std::string::npos);
   }
-  CHECK(read_job_identity(MapEnv{{"DTRAINRUN_JOB_ID", "j"}}, job)
+  CHECK(read_dtrainrun_job(MapEnv{{"DTRAINRUN_JOB_ID", "j"}}, job)
             .find("DTRAINRUN_JOB_ID is set but DTRAINRUN_ATTEMPT is not") != std::string::npos);
-  CHECK(read_job_identity(MapEnv{{"DTRAINRUN_ATTEMPT", "0"}}, job)
+  CHECK(read_dtrainrun_job(MapEnv{{"DTRAINRUN_ATTEMPT", "0"}}, job)
             .find("DTRAINRUN_ATTEMPT is set but DTRAINRUN_JOB_ID is not") != std::string::npos);
   // dtrainrun's variables are not DTRAIN_ settings: no "did you mean" for them.
   CHECK(dtrain::detail::env_warnings(

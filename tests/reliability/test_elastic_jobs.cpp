@@ -45,14 +45,23 @@ bool on_all_ranks(bool ok) {
   return all != 0;
 }
 
-// DTRAINRUN_JOB_ID as dtrainrun sets it, for one scope (unset: a job that dtrainrun did not start).
+// DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT as dtrainrun sets them, for one scope (null: a job that
+// dtrainrun did not start).
 class JobId {
  public:
   explicit JobId(const char* id) {
-    if (id != nullptr) ::setenv("DTRAINRUN_JOB_ID", id, 1);
-    else ::unsetenv("DTRAINRUN_JOB_ID");
+    if (id != nullptr) {
+      ::setenv("DTRAINRUN_JOB_ID", id, 1);
+      ::setenv("DTRAINRUN_ATTEMPT", "0", 1);
+    } else {
+      ::unsetenv("DTRAINRUN_JOB_ID");
+      ::unsetenv("DTRAINRUN_ATTEMPT");
+    }
   }
-  ~JobId() { ::unsetenv("DTRAINRUN_JOB_ID"); }
+  ~JobId() {
+    ::unsetenv("DTRAINRUN_JOB_ID");
+    ::unsetenv("DTRAINRUN_ATTEMPT");
+  }
   JobId(const JobId&) = delete;
   JobId& operator=(const JobId&) = delete;
 };
@@ -192,6 +201,23 @@ TEST_CASE("elastic jobs: ranks that name different jobs are refused on every ran
       world_rank(), world_rank() == 1 ? "job-x" : "job-y");
   CHECK_THROWS_WITH_AS(state.restore(), doctest::Contains(expected.c_str()),
                        dtrain::InvalidArgumentError);
+}
+
+TEST_CASE("elastic jobs: a malformed DTRAINRUN_JOB_ID is refused on every rank") {
+  init_as_own_host();
+  SharedTempDir dir;
+  // The profile reads the same variables with the same rules (core/dtrainrun_job.hpp).
+  JobId id(world_rank() == 0 ? "a/b" : "job-z");
+  const std::string expected = world_rank() == 0
+                                   ? "DTRAINRUN_JOB_ID=\"a/b\" cannot name the job's folders"
+                                   : "rank 0 failed while setting up its commit folder";
+  CHECK_THROWS_WITH_AS(dtrain::elastic::State(options_in(dir)),
+                       doctest::Contains(expected.c_str()), dtrain::CheckpointError);
+  ::unsetenv("DTRAINRUN_ATTEMPT");
+  ::setenv("DTRAINRUN_JOB_ID", "job-z", 1);
+  CHECK_THROWS_WITH_AS(dtrain::elastic::State(options_in(dir)),
+                       doctest::Contains("DTRAINRUN_JOB_ID is set but DTRAINRUN_ATTEMPT is not"),
+                       dtrain::CheckpointError);
 }
 
 TEST_CASE("elastic jobs: the job's item name is dtrain's own") {

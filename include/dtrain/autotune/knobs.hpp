@@ -44,6 +44,14 @@ inline constexpr Knob all_knobs[] = {Knob::fusion_threshold,       Knob::cycle_t
                                      Knob::hierarchical_allreduce, Knob::response_cache,
                                      Knob::fusion_pipeline,        Knob::pieces_in_flight};
 
+// The member `member` of Config's. `&Config::cycle_time_ms` names the member of the settings
+// struct that declares it (Note [Settings by component]); env_suffix() compares member
+// pointers by type, so the table below gives them all as Config's.
+template <class T, class Settings>
+constexpr T Config::*config_member(T Settings::*member) noexcept {
+  return member;
+}
+
 // Note [Tunable knobs]
 // Each tunable knob is named once, here: its id, its name in the tuning log's columns and the
 // saved result, the Knobs member that holds its value and the Config setting it changes. The
@@ -54,18 +62,18 @@ inline constexpr Knob all_knobs[] = {Knob::fusion_threshold,       Knob::cycle_t
 template <class Visitor>
 constexpr void for_each_tunable(Visitor&& visit) {
   visit(Knob::fusion_threshold, std::string_view("fusion_threshold_bytes"),
-        &Knobs::fusion_threshold_bytes, &Config::fusion_threshold_bytes);
+        &Knobs::fusion_threshold_bytes, config_member(&Config::fusion_threshold_bytes));
   visit(Knob::cycle_time, std::string_view("cycle_time_ms"), &Knobs::cycle_time_ms,
-        &Config::cycle_time_ms);
+        config_member(&Config::cycle_time_ms));
   visit(Knob::hierarchical_allreduce, std::string_view("hierarchical_allreduce"),
-        &Knobs::hierarchical_allreduce, &Config::hierarchical_allreduce);
+        &Knobs::hierarchical_allreduce, config_member(&Config::hierarchical_allreduce));
   // On means the configured cache capacity, off a capacity of 0 (apply_knobs).
   visit(Knob::response_cache, std::string_view("response_cache"), &Knobs::response_cache,
-        &Config::cache_capacity);
+        config_member(&Config::cache_capacity));
   visit(Knob::fusion_pipeline, std::string_view("fusion_pipeline"), &Knobs::fusion_pipeline,
-        &Config::fusion_pipeline);
+        config_member(&Config::fusion_pipeline));
   visit(Knob::pieces_in_flight, std::string_view("mpi_pieces_in_flight"),
-        &Knobs::pieces_in_flight, &Config::mpi_pieces_in_flight);
+        &Knobs::pieces_in_flight, config_member(&Config::mpi_pieces_in_flight));
 }
 
 // Calls `f(name, knobs_member, config_member)` for the row of `knob`.

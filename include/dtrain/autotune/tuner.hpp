@@ -4,16 +4,16 @@
 // the step ran under) and applies knobs() whenever generation() advances.
 //
 // Note [Tuning schedule]
-// 1. Warmup: the first `warmup_samples` samples run the base configuration and are discarded
-//    (first steps pay for allocation, caches, lazy initialization).
+// 1. Warmup: the first `autotune_warmup_samples` samples run the base configuration and are
+//    discarded (first steps pay for allocation, caches, lazy initialization).
 // 2. Measuring: each configuration runs for `samples_per_configuration` samples of
-//    `steps_per_sample` steps; a sample's score is its bytes over its wall time, and the
+//    `autotune_steps_per_sample` steps; a sample's score is its bytes over its wall time, and the
 //    configuration's score is the median of its samples, which one disturbed sample cannot move.
 //    The first configuration is the base one, so the result is never worse than the default as
 //    measured; the next few come from a low-discrepancy design, the rest from Bayesian
 //    optimization on the logarithm of the score (Note [Log scores]).
-// 3. After `max_configurations` configurations (DTRAIN_AUTOTUNE_BAYES_OPT_MAX_SAMPLES) the tuner
-//    settles on the configuration with the best median and ignores further steps.
+// 3. After `autotune_bayes_opt_max_samples` configurations (DTRAIN_AUTOTUNE_BAYES_OPT_MAX_SAMPLES)
+//    the tuner settles on the configuration with the best median and ignores further steps.
 //
 // Note [Configuration generations]
 // Rank 0 decides; every rank must switch at the same cycle, or ranks would fuse and reduce
@@ -48,24 +48,15 @@
 
 namespace dtrain::autotune {
 
-struct TunerOptions {
-  int warmup_samples = 3;               // DTRAIN_AUTOTUNE_WARMUP_SAMPLES
-  int steps_per_sample = 10;            // DTRAIN_AUTOTUNE_STEPS_PER_SAMPLE
-  int samples_per_configuration = 5;    // the median is taken over these (Horovod also uses 5)
-  int max_configurations = 20;          // DTRAIN_AUTOTUNE_BAYES_OPT_MAX_SAMPLES
-  int settle_steps = 1;                 // discarded after each change (Note [Configuration generations])
-  double gaussian_process_noise = 0.8;  // DTRAIN_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
+// The schedule the user sets (DTRAIN_AUTOTUNE_*: Note [Settings by component] in core/config.hpp)
+// and the tuner's own constants.
+struct TunerOptions : AutotuneSettings {
+  int samples_per_configuration = 5;  // the median is taken over these (Horovod also uses 5)
+  int settle_steps = 1;               // discarded after each change (Note [Configuration generations])
   std::uint64_t seed = 0;
 };
 
-inline TunerOptions tuner_options(const Config& c) {
-  TunerOptions o;
-  o.warmup_samples = c.autotune_warmup_samples;
-  o.steps_per_sample = c.autotune_steps_per_sample;
-  o.max_configurations = c.autotune_bayes_opt_max_samples;
-  o.gaussian_process_noise = c.autotune_gaussian_process_noise;
-  return o;
-}
+inline TunerOptions tuner_options(const Config& c) { return TunerOptions{c}; }
 
 struct StepReport {
   std::int64_t bytes = 0;         // bytes reduced during the step (payload, this rank)
@@ -114,14 +105,14 @@ class Tuner {
   Tuner(SearchSpace space, TunerOptions options)
       : space_(std::move(space)), options_(validated(options)), optimizer_(space_.kinds(), [&] {
           BayesianOptimizerOptions b;
-          b.gaussian_process_noise = options_.gaussian_process_noise;
+          b.gaussian_process_noise = options_.autotune_gaussian_process_noise;
           b.seed = options_.seed;
           return b;
         }()) {
     knobs_ = space_.decode(space_.encode(space_.base()));
     if (space_.dimension() == 0) {
       phase_ = Phase::done;  // nothing to tune: the base configuration stays
-    } else if (options_.warmup_samples == 0) {
+    } else if (options_.autotune_warmup_samples == 0) {
       phase_ = Phase::measuring;
     }
   }
@@ -143,7 +134,7 @@ class Tuner {
     ++sample_steps_;
     sample_bytes_ += step.bytes;
     sample_seconds_ += step.seconds;
-    if (sample_steps_ < options_.steps_per_sample) return false;
+    if (sample_steps_ < options_.autotune_steps_per_sample) return false;
 
     TuningRecord row;
     row.generation = generation_;
@@ -159,7 +150,7 @@ class Tuner {
     if (phase_ == Phase::warmup) {
       row.kind = RecordKind::warmup;
       history_.push_back(row);
-      if (++warmup_samples_seen_ >= options_.warmup_samples) phase_ = Phase::measuring;
+      if (++warmup_samples_seen_ >= options_.autotune_warmup_samples) phase_ = Phase::measuring;
       return false;
     }
     row.kind = RecordKind::sample;
@@ -193,11 +184,14 @@ class Tuner {
                                                value, expected));
       }
     };
-    check(o.warmup_samples >= 0, "warmup_samples", o.warmup_samples, "0 or more");
-    check(o.steps_per_sample >= 1, "steps_per_sample", o.steps_per_sample, "1 or more");
+    check(o.autotune_warmup_samples >= 0, "autotune_warmup_samples", o.autotune_warmup_samples,
+          "0 or more");
+    check(o.autotune_steps_per_sample >= 1, "autotune_steps_per_sample",
+          o.autotune_steps_per_sample, "1 or more");
     check(o.samples_per_configuration >= 1, "samples_per_configuration",
           o.samples_per_configuration, "1 or more");
-    check(o.max_configurations >= 1, "max_configurations", o.max_configurations, "1 or more");
+    check(o.autotune_bayes_opt_max_samples >= 1, "autotune_bayes_opt_max_samples",
+          o.autotune_bayes_opt_max_samples, "1 or more");
     check(o.settle_steps >= 0, "settle_steps", o.settle_steps, "0 or more");
     return o;
   }
@@ -225,7 +219,7 @@ class Tuner {
     optimizer_.observe(space_.encode(knobs_), std::log(std::max(score, 1.0)));
     ++configurations_measured_;
 
-    if (configurations_measured_ >= options_.max_configurations) {
+    if (configurations_measured_ >= options_.autotune_bayes_opt_max_samples) {
       phase_ = Phase::done;
       const bool changed = switch_to(best_->knobs);
       TuningRecord choice;

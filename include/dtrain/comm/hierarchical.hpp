@@ -19,24 +19,31 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/host_buffer.hpp"
+#include "dtrain/comm/host_layout.hpp"
 #include "dtrain/comm/host_collectives.hpp"
 #include "dtrain/comm/request_wait.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain::detail {
 
-// The two-level view of the job that hierarchical allreduce runs on.
+// The two-level view of the job that hierarchical allreduce runs on. A view: the communicators
+// belong to a HostHierarchy (Note [Owned communicators] in comm/communicator.hpp).
 struct HierarchyComms {
   MPI_Comm local = MPI_COMM_NULL;  // ranks on this host, ordered by local rank
   MPI_Comm cross = MPI_COMM_NULL;  // ranks with this local rank, one per host, in host order
-  int local_rank = 0, local_size = 1;
-  int cross_rank = 0, cross_size = 1;
-  int parts = 1;  // smallest local size over all hosts: see Note [Hierarchical parts]
-  int hosts = 1;
-  bool homogeneous = true;  // every host has the same number of ranks (then parts == local_size)
+  HostLayout layout;               // parts(): see Note [Hierarchical parts]
 
   bool valid() const noexcept { return local != MPI_COMM_NULL && cross != MPI_COMM_NULL; }
+};
+
+// The owner of a pair of host communicators and their layout.
+struct HostHierarchy {
+  Communicator local, cross;
+  HostLayout layout;
+
+  HierarchyComms comms() const { return HierarchyComms{local.get(), cross.get(), layout}; }
 };
 
 // Which elements of an n-element buffer each local rank owns.
@@ -87,19 +94,20 @@ inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, Re
                                    int in_flight = 1) {
   if (!h.valid())
     throw Error("dtrain: internal error: hierarchical allreduce without host communicators");
-  const HierarchicalPlan plan = plan_hierarchical(n, h.local_size, h.parts);
-  const std::int64_t mine = plan.counts[h.local_rank];
+  const HierarchicalPlan plan = plan_hierarchical(n, h.layout.local_size, h.layout.parts());
+  const std::int64_t mine = plan.counts[h.layout.local_rank];
   const std::int64_t block = plan.largest();
   const std::size_t es = element_size(dtype);
   const bool even = equal_counts(plan.counts);
-  const bool blocks = !even && block * h.local_size <= mpi_count_limit();
+  const bool blocks = !even && block * h.layout.local_size <= mpi_count_limit();
   // Never a zero-byte reservation: MPI rejects a null send buffer even for a zero count.
-  const std::int64_t reserved = std::max<std::int64_t>(blocks ? block * h.local_size : mine, 1);
+  const std::int64_t reserved =
+      std::max<std::int64_t>(blocks ? block * h.layout.local_size : mine, 1);
   char* area = static_cast<char*>(scratch.reserve(static_cast<std::size_t>(reserved) * es));
-  void* piece = blocks ? byte_ptr(area, block * h.local_rank, dtype) : area;
+  void* piece = blocks ? byte_ptr(area, block * h.layout.local_rank, dtype) : area;
 
   host_reduce_scatter(buf, piece, plan.counts, dtype, op, h.local, chunk_elems);
-  if (mine > 0 && h.cross_size > 1)
+  if (mine > 0 && h.layout.cross_size > 1)
     host_allreduce(piece, mine, dtype, op, h.cross, chunk_elems, cross_wait, in_flight);
 
   if (blocks) {
@@ -108,13 +116,13 @@ inline void hierarchical_allreduce(void* buf, std::int64_t n, DataType dtype, Re
                              mpi_datatype(dtype), h.local, &request),
               "MPI_Iallgather");
     RequestWait::hot().wait(request, "MPI_Iallgather");
-    for (int k = 0; k < h.local_size; ++k)
+    for (int k = 0; k < h.layout.local_size; ++k)
       scale_copy(dtype, byte_ptr(area, block * k, dtype), byte_ptr(buf, plan.displs[k], dtype),
                  plan.counts[k], factor);
     return;
   }
   // This rank's piece goes where it would be received; the gather is in place.
-  scale_copy(dtype, piece, byte_ptr(buf, plan.displs[h.local_rank], dtype), mine, factor);
+  scale_copy(dtype, piece, byte_ptr(buf, plan.displs[h.layout.local_rank], dtype), mine, factor);
   host_allgatherv_in_place(buf, plan.counts, dtype, h.local, chunk_elems);
 }
 

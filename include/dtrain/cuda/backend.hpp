@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
     if (n == 0)
       throw Error(fmt::format("dtrain: rank {} must take part in a device op but sees no CUDA device",
                               rank_));
-    return last_device_ = ctx_.hierarchy.local_rank % n;
+    return last_device_ = ctx_.hierarchy.layout.local_rank % n;
   }
 
   // Collective over the data communicator (every rank reaches its first device response together).

@@ -191,11 +191,11 @@ class NcclBackend final : public DeviceTransport {
     // Even pieces for NCCL's reduce-scatter: pad the buffer to a multiple of the local size. Only
     // when every host has the same size: the padding must be the same on every host, or the
     // cross-host pieces would differ in length.
-    const bool even = hier && ctx_.hierarchy.homogeneous;
+    const bool even = hier && ctx_.hierarchy.layout.homogeneous;
     std::vector<void*> tensors(entries.size(), nullptr);
     for (std::size_t i = 0; i < entries.size(); ++i)
       if (entries[i]) tensors[i] = entries[i]->data;
-    const FusedLayout layout = plan_fused_layout(r.numels, even ? ctx_.hierarchy.local_size : 1);
+    const FusedLayout layout = plan_fused_layout(r.numels, even ? ctx_.hierarchy.layout.local_size : 1);
     void* buf = lane.fusion.reserve(static_cast<std::size_t>(layout.total) * es);
     auto pack = fused_segments(layout, r.numels, tensors, buf, es, CopyDirection::pack);
     if (layout.total > n) pack.push_back({nullptr, static_cast<char*>(buf) + n * es, layout.total - n});
@@ -223,18 +223,18 @@ class NcclBackend final : public DeviceTransport {
     const ncclRedOp_t nop = nccl_op(op);
     const std::size_t es = element_size(dtype);
     auto at = [&](std::int64_t elems) { return static_cast<char*>(buf) + elems * static_cast<std::int64_t>(es); };
-    const HierarchicalPlan plan = plan_hierarchical(n, h.local_size, h.parts);
-    const std::int64_t mine = plan.counts[h.local_rank];
-    void* piece = at(plan.displs[h.local_rank]);
+    const HierarchicalPlan plan = plan_hierarchical(n, h.layout.local_size, h.layout.parts());
+    const std::int64_t mine = plan.counts[h.layout.local_rank];
+    void* piece = at(plan.displs[h.layout.local_rank]);
 
-    if (h.local_size > 1) {
+    if (h.layout.local_size > 1) {
       if (even) {
         lane.local.check(ncclReduceScatter(buf, piece, static_cast<std::size_t>(mine), type, nop,
                                            lane.local.get(), lane.stream),
                          "ncclReduceScatter", deadline);
       } else {
         ncclGroupStart();
-        for (int k = 0; k < h.local_size; ++k)
+        for (int k = 0; k < h.layout.local_size; ++k)
           if (plan.counts[k] > 0)
             ncclReduce(at(plan.displs[k]), at(plan.displs[k]),
                        static_cast<std::size_t>(plan.counts[k]), type, nop, k, lane.local.get(),
@@ -242,18 +242,18 @@ class NcclBackend final : public DeviceTransport {
         lane.local.check(ncclGroupEnd(), "ncclReduce (intra-host group)", deadline);
       }
     }
-    if (mine > 0 && h.cross_size > 1)
+    if (mine > 0 && h.layout.cross_size > 1)
       lane.cross.check(ncclAllReduce(piece, piece, static_cast<std::size_t>(mine), type, nop,
                                      lane.cross.get(), lane.stream),
                        "ncclAllReduce (cross-host)", deadline);
-    if (h.local_size > 1) {
+    if (h.layout.local_size > 1) {
       if (even) {
         lane.local.check(ncclAllGather(piece, buf, static_cast<std::size_t>(mine), type,
                                        lane.local.get(), lane.stream),
                          "ncclAllGather", deadline);
       } else {
         ncclGroupStart();
-        for (int k = 0; k < h.local_size; ++k)
+        for (int k = 0; k < h.layout.local_size; ++k)
           if (plan.counts[k] > 0)
             ncclBroadcast(at(plan.displs[k]), at(plan.displs[k]),
                           static_cast<std::size_t>(plan.counts[k]), type, k, lane.local.get(),

@@ -129,14 +129,11 @@ class StagingBackend final : public DeviceTransport {
   static HostBackend::Options host_options(const BackendContext& ctx) {
     HostBackend::Options o;
     o.comm = ctx.data_comm;
-    o.chunk_bytes = ctx.config->mpi_chunk_bytes;
-    o.pipeline = ctx.config->fusion_pipeline;
+    o.settings = *ctx.config;
     o.timeline = ctx.timeline;
     o.stats = ctx.stats;
-    o.hierarchical = ctx.config->hierarchical_allreduce && ctx.hierarchy.valid();
     o.hierarchy = ctx.hierarchy;
     o.wait = data_wait(*ctx.config, ctx.hierarchy);
-    o.pieces_in_flight = ctx.config->mpi_pieces_in_flight;
     return o;
   }
 

@@ -130,8 +130,8 @@ inline void open_job_recording(const Config& config, MPI_Comm world, const Topol
   place.distributed = true;
   place.rank = topology.rank;
   place.size = topology.size;
-  place.local_rank = topology.local_rank;
-  place.local_size = topology.local_size;
+  place.local_rank = topology.layout.local_rank;
+  place.local_size = topology.layout.local_size;
   place.host_id = config.host_id;
   place.allgather = [world, size = topology.size](const std::vector<std::int64_t>& mine) {
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(size));

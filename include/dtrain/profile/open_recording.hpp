@@ -61,8 +61,8 @@ inline std::shared_ptr<ProfilerState> open_recording(ProfilerOptions options, st
           "would write the same file. Build it after dtrain::init() (or a dtrain::Session), so "
           "that every rank writes its own",
           n);
-  JobIdentity job;
-  if (on && problem.empty()) problem = read_job_identity(ProcessEnv(), job);
+  DtrainrunJob job;
+  if (on && problem.empty()) problem = read_dtrainrun_job(ProcessEnv(), job);
   if (on && problem.empty()) problem = prepare_profile_dir(options.dir);
   const bool together = place.distributed && place.size > 1;
   // Every rank learns every rank's outcome before anyone throws, so no rank waits forever.

@@ -30,65 +30,15 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/core/dtrainrun_job.hpp"
 #include "dtrain/core/env.hpp"
 #include "dtrain/core/fnv1a.hpp"
 
 namespace dtrain::detail {
 
-inline constexpr std::string_view job_id_variable = "DTRAINRUN_JOB_ID";
-inline constexpr std::string_view attempt_variable = "DTRAINRUN_ATTEMPT";
-
-// The dtrainrun job a process belongs to; job_id empty: not started by dtrainrun.
-struct JobIdentity {
-  std::string job_id;
-  std::int64_t attempt = -1;
-
-  bool under_dtrainrun() const { return !job_id.empty(); }
-};
-
-// A job id names a folder: one path component of letters, digits, '.', '_' and '-', not hidden.
-inline bool valid_job_id(std::string_view id) {
-  if (id.empty() || id.size() > 128 || id.front() == '.') return false;
-  for (const char c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-// Reads DTRAINRUN_JOB_ID and DTRAINRUN_ATTEMPT into `job`; returns a problem, or an empty string.
-inline std::string read_job_identity(const EnvSource& env, JobIdentity& job) {
-  const auto id = env.get(std::string(job_id_variable));
-  const auto attempt = env.get(std::string(attempt_variable));
-  job = {};
-  if (!id && !attempt) return {};
-  const std::string fix =
-      fmt::format("dtrainrun sets both {} and {} for every rank; outside dtrainrun set neither",
-                  job_id_variable, attempt_variable);
-  if (!id || !attempt)
-    return fmt::format("dtrain: {} is set but {} is not, so the profile cannot name its run's "
-                       "folder; {}",
-                       id ? job_id_variable : attempt_variable,
-                       id ? attempt_variable : job_id_variable, fix);
-  if (!valid_job_id(*id))
-    return fmt::format(
-        "dtrain: {}=\"{}\" cannot name the profile's folder: expected 1 to 128 letters, digits, "
-        "'.', '_' or '-', not starting with '.'; {}",
-        job_id_variable, *id, fix);
-  const std::optional<std::int64_t> n = parse_count_text(*attempt);
-  if (!n)
-    return fmt::format("dtrain: {}=\"{}\" is not an attempt number: expected 0 (the first world) "
-                       "or more; {}",
-                       attempt_variable, *attempt, fix);
-  job.job_id = *id;
-  job.attempt = *n;
-  return {};
-}
-
 // The job's identity as one integer the ranks can compare in the agreement (FNV-1a, 64 bits);
 // 0 outside dtrainrun.
-inline std::int64_t job_fingerprint(const JobIdentity& job) {
+inline std::int64_t job_fingerprint(const DtrainrunJob& job) {
   if (!job.under_dtrainrun()) return 0;
   const std::uint64_t h = fnv1a(fmt::format("{}\n{}", job.job_id, job.attempt));
   return static_cast<std::int64_t>(h | 1);  // never 0
@@ -96,7 +46,7 @@ inline std::int64_t job_fingerprint(const JobIdentity& job) {
 
 // The run's folder relative to the profile folder. `sequence`: how many profiles this process
 // opened before this one.
-inline std::filesystem::path run_subfolder(const std::string& run_id, const JobIdentity& job,
+inline std::filesystem::path run_subfolder(const std::string& run_id, const DtrainrunJob& job,
                                            std::int64_t sequence) {
   if (!job.under_dtrainrun()) return run_id;
   const std::string attempt = sequence > 0 ? fmt::format("attempt-{}.{}", job.attempt, sequence)
@@ -106,7 +56,7 @@ inline std::filesystem::path run_subfolder(const std::string& run_id, const JobI
 
 // How many profiles this process opened so far in the job and attempt of `job`: the `sequence`
 // of the next one. Counts only profiles that opened on every rank.
-inline std::int64_t& profiles_opened_in(const JobIdentity& job) {
+inline std::int64_t& profiles_opened_in(const DtrainrunJob& job) {
   static std::map<std::int64_t, std::int64_t> counts;  // by job_fingerprint
   return counts[job_fingerprint(job)];
 }

@@ -46,44 +46,39 @@ class OpState;
 // that calls a collective. The compiled part reads the tensor inside the op's checks, so a tensor
 // its traits refuse fails the op on every rank (Note [Failed ops]) like any other local error.
 
-// One tensor as the compiled part sees it.
-struct TensorInfo {
-  DataType dtype = DataType::uint8;
-  Device device = Device::cpu();
-  Shape shape;
-  std::int64_t numel = 0;
-  const void* data = nullptr;
-  void* mutable_data = nullptr;  // in-place ops only
-  void* stream = nullptr;        // device tensors: the stream that produced it
-};
-
+// The compiled part sees a tensor as a TensorView, its shape always filled in: of the tensor's
+// writable memory for an in-place op (in_place), of memory only read for an op with a new output
+// (input), whose pointer the entry keeps as const (Entry::input).
 class TensorSource {
  public:
   template <class T>
   static TensorSource in_place(T& tensor) {
     return TensorSource(&tensor, [](const void* p) {
       auto& t = const_cast<T&>(*static_cast<const T*>(p));  // taken as T&: not a const object
-      TensorInfo info = info_of(t);
-      info.mutable_data = traits_of<T>::mutable_data(t);
-      return info;
+      return view_of(t, traits_of<T>::mutable_data(t));
     });
   }
   template <class T>
   static TensorSource input(const T& tensor) {
-    return TensorSource(&tensor, [](const void* p) { return info_of(*static_cast<const T*>(p)); });
+    return TensorSource(&tensor, [](const void* p) {
+      const T& t = *static_cast<const T*>(p);
+      return view_of(t, const_cast<void*>(traits_of<T>::data(t)));
+    });
   }
 
-  TensorInfo read() const { return read_(tensor_); }
+  TensorView read() const { return read_(tensor_); }
 
  private:
-  using Reader = TensorInfo (*)(const void*);
+  using Reader = TensorView (*)(const void*);
   TensorSource(const void* tensor, Reader read) : tensor_(tensor), read_(read) {}
 
   template <class T>
-  static TensorInfo info_of(const T& t) {
-    return TensorInfo{traits_of<T>::dtype(t), traits_of<T>::device(t), shape_of(t),
-                      static_cast<std::int64_t>(traits_of<T>::numel(t)), traits_of<T>::data(t),
-                      nullptr, stream_of(t)};
+  static TensorView view_of(const T& t, void* data) {
+    const DataType dtype = traits_of<T>::dtype(t);
+    const Device device = traits_of<T>::device(t);
+    Shape shape = shape_of(t);
+    return TensorView(data, static_cast<std::int64_t>(traits_of<T>::numel(t)), dtype, device,
+                      std::move(shape), stream_of(t));
   }
 
   const void* tensor_;

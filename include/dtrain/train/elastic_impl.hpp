@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/dtrainrun_job.hpp"
 #include "dtrain/core/env.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/fnv1a.hpp"
@@ -109,7 +110,10 @@ DTRAIN_API Launch launch_from_environment() {
     throw InvalidArgumentError(
         fmt::format("dtrain: {} (dtrainrun sets it in elastic mode)", problem));
   if (const char* notify = std::getenv("DTRAIN_ELASTIC_NOTIFY")) launch.notify = notify;
-  if (const char* job = std::getenv("DTRAINRUN_JOB_ID")) launch.job_id = job;
+  detail::DtrainrunJob job;
+  if (problem = detail::read_dtrainrun_job(env, job); !problem.empty())
+    throw InvalidArgumentError(problem);
+  launch.job_id = job.job_id;
   if (launch.elastic && !detail::parse_notify_address(launch.notify))
     throw InvalidArgumentError(fmt::format(
         "dtrain: DTRAIN_ELASTIC_NOTIFY='{}': expected <address>:<port> of dtrainrun's "

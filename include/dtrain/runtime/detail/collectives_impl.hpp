@@ -53,7 +53,7 @@ decltype(auto) checked(const NamedOp& op, F&& checks) {
 }
 
 // The request of `op` for a tensor described by `t`, named `name` (a group member's) or the op's.
-inline Request describe(const TensorInfo& t, const NamedOp& op, std::string name = {}) {
+inline Request describe(const TensorView& t, const NamedOp& op, std::string name = {}) {
   Request q;
   q.name = name.empty() ? op.name : std::move(name);
   q.kind = op.kind;
@@ -89,9 +89,9 @@ Request reduction(Request q, const Options& options) {
 // Reads `tensor` and makes its request within `op`'s checks; `more` adds the op's own checks to
 // the request (or turns it into a reduction).
 template <class More>
-std::pair<TensorInfo, Request> read_checked(const NamedOp& op, const TensorSource& tensor,
+std::pair<TensorView, Request> read_checked(const NamedOp& op, const TensorSource& tensor,
                                             More&& more) {
-  TensorInfo t;
+  TensorView t;
   Request q = checked(op, [&] {
     t = tensor.read();
     return more(describe(t, op));
@@ -112,15 +112,15 @@ std::shared_ptr<OpState> submit_one(const NamedOp& op, Request q, Attach&& attac
 }
 
 // The entry of an in-place op works on `t`'s memory.
-inline auto in_place(const TensorInfo& t) {
+inline auto in_place(const TensorView& t) {
   return [&t](Entry& e) {
-    e.data = t.mutable_data;
+    e.data = t.data;
     e.stream = t.stream;
   };
 }
 
 // The entry of an op with a new output reads `t` and makes its output with `make_output`.
-inline auto with_output(const TensorInfo& t, OutputMaker& make_output) {
+inline auto with_output(const TensorView& t, OutputMaker& make_output) {
   return [&](Entry& e) {
     e.input = t.data;
     e.stream = t.stream;

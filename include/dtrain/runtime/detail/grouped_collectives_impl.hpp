@@ -28,7 +28,7 @@ std::shared_ptr<OpState> submit_group(const NamedOp& op, std::int32_t count, Sou
   rejecting.group = group;
   std::vector<std::shared_ptr<Entry>> entries;
   for (std::int32_t i = 0; i < count; ++i) {
-    TensorInfo t;
+    TensorView t;
     Request q = checked(rejecting, [&] {
       t = source(i).read();
       return more(describe(t, op, fmt::format("{}.{}", group, i)));
@@ -63,7 +63,7 @@ DTRAIN_API Handle submit_grouped_allreduce(std::vector<TensorSource> members,
       op, static_cast<std::int32_t>(members.size()),
       [&](std::int32_t i) -> const TensorSource& { return members[static_cast<std::size_t>(i)]; },
       [&](Request q) { return reduction(std::move(q), options); },
-      [](std::int32_t, const TensorInfo& t, Entry& e) { in_place(t)(e); }));
+      [](std::int32_t, const TensorView& t, Entry& e) { in_place(t)(e); }));
 }
 
 // A group whose members each return a new tensor: member i's output is made by its OutputMaker.
@@ -77,7 +77,7 @@ std::shared_ptr<OpState> submit_group_with_outputs(const NamedOp& op,
         return members[static_cast<std::size_t>(i)].tensor;
       },
       more,
-      [&](std::int32_t i, const TensorInfo& t, Entry& e) {
+      [&](std::int32_t i, const TensorView& t, Entry& e) {
         with_output(t, members[static_cast<std::size_t>(i)].make_output)(e);
       });
 }

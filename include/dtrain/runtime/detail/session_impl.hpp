@@ -174,22 +174,19 @@ inline void init_impl(const Config& config, int* argc, char*** argv, bool explic
     }
     throw InvalidArgumentError(*why);
   }
-  mpi_check(MPI_Comm_dup(MPI_COMM_WORLD, &rt->world), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(rt->world, MPI_ERRORS_RETURN);
+  rt->world = Communicator::duplicate(MPI_COMM_WORLD);
   half_ops().create();
   try {
     // Note [Settings invalid on some ranks]
-    if (auto why = agree_on_valid_settings(invalid, rt->world); !why.empty())
+    if (auto why = agree_on_valid_settings(invalid, rt->world.get()); !why.empty())
       throw InvalidArgumentError(why);
-    rt->topology = make_topology(rt->world, config.host_id);
+    rt->topology = make_topology(rt->world.get(), config.host_id);
     log_rank.store(rt->topology.rank);
     // Before the engine: DTRAIN_PROFILE profiles the job from here (Note [Profile hooks]).
-    open_job_profile(config, rt->world, rt->topology);
-    rt->engine = std::make_unique<Engine>(config, rt->world, &rt->topology);
+    open_job_profile(config, rt->world.get(), rt->topology);
+    rt->engine = std::make_unique<Engine>(config, rt->world.get(), &rt->topology);
   } catch (...) {
-    close_job_profile();
-    rt->topology.free_comms();
-    MPI_Comm_free(&rt->world);
+    close_job_profile();  // the communicators go with `rt`
     half_ops().destroy();
     log_rank.store(-1);
     throw;
@@ -245,15 +242,15 @@ inline void shutdown_impl(bool inside_mpi_finalize) {
     // Note [Engine failure]: the engine thread is blocked inside MPI for good. Leave the engine
     // (and MPI) as they are so the process can still exit.
     (void)rt->engine.release();
+    rt->abandon_communicators();
     log(LogLevel::warning, "dtrain: shut down after a failure; MPI is left as it is (not "
                            "finalized) so that this process can exit");
     return;
   }
   rt->engine->release_communicators();  // now: another thread may still hold the engine
   if (outcome == Outcome::clean && rt->owns_mpi && !inside_mpi_finalize && rt->topology.size > 1)
-    settle_before_finalize(rt->world);
-  rt->topology.free_comms();
-  MPI_Comm_free(&rt->world);
+    settle_before_finalize(rt->world.get());
+  rt->free_communicators();
   half_ops().destroy();
   if (outcome == Outcome::after_failure && rt->engine->peer_lost()) {
     // MPI_Finalize could wait for the lost rank.
@@ -303,12 +300,12 @@ DTRAIN_API void shutdown() { detail::shutdown_impl(false); }
 
 DTRAIN_API int rank() { return detail::runtime("rank")->topology.rank; }
 DTRAIN_API int size() { return detail::runtime("size")->topology.size; }
-DTRAIN_API int local_rank() { return detail::runtime("local_rank")->topology.local_rank; }
-DTRAIN_API int local_size() { return detail::runtime("local_size")->topology.local_size; }
-DTRAIN_API int cross_rank() { return detail::runtime("cross_rank")->topology.cross_rank; }
-DTRAIN_API int cross_size() { return detail::runtime("cross_size")->topology.cross_size; }
+DTRAIN_API int local_rank() { return detail::runtime("local_rank")->topology.layout.local_rank; }
+DTRAIN_API int local_size() { return detail::runtime("local_size")->topology.layout.local_size; }
+DTRAIN_API int cross_rank() { return detail::runtime("cross_rank")->topology.layout.cross_rank; }
+DTRAIN_API int cross_size() { return detail::runtime("cross_size")->topology.layout.cross_size; }
 DTRAIN_API bool is_homogeneous() {
-  return detail::runtime("is_homogeneous")->topology.homogeneous;
+  return detail::runtime("is_homogeneous")->topology.layout.homogeneous;
 }
 
 DTRAIN_API Config config() { return detail::runtime("config")->config; }

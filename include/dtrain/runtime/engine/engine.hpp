@@ -53,17 +53,15 @@ class Engine {
   // `topology` (optional) gives the host hierarchy for DTRAIN_HIERARCHICAL_ALLREDUCE and the
   // device backend; the engine keeps its own duplicates of its communicators.
   Engine(const Config& config, MPI_Comm world, const Topology* topology = nullptr)
-      : config_(config) {
-    mpi_check(MPI_Comm_dup(world, &control_), "MPI_Comm_dup");
-    mpi_check(MPI_Comm_dup(world, &data_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(data_, MPI_ERRORS_RETURN);
+      : config_(config),
+        control_(Communicator::duplicate(world)),
+        data_(Communicator::duplicate(world)) {
     MPI_Comm_rank(world, &rank_);
     MPI_Comm_size(world, &size_);
     if (topology) hierarchy_ = duplicate_hierarchy(*topology);
     std::string setup_error;
     if (rank_ == 0) {
-      const CoordinatorOptions o = CoordinatorOptions::from(config, size_);
+      const CoordinatorOptions o{config, config, size_};
       CoordinatorHooks hooks;
       hooks.rank_ready = [this](const std::string& name, int r, Clock::time_point t) {
         if (timeline_.active()) timeline_.rank_ready(name, r, t);
@@ -86,38 +84,35 @@ class Engine {
       }
     }
     // Without the host layout, assume the worst: every rank on this host.
-    const int ranks_on_host = hierarchy_.valid() ? hierarchy_.local_size : size_;
-    const AgreedSettings agreed = agree_on_settings(config, direct_pays(ranks_on_host), control_);
+    const HierarchyComms hierarchy = hierarchy_.comms();
+    const int ranks_on_host = hierarchy.valid() ? hierarchy.layout.local_size : size_;
+    const AgreedSettings agreed =
+        agree_on_settings(config, direct_pays(ranks_on_host), control_.get());
     if (rank_ == 0)
       for (const auto& w : agreed.warnings) log(LogLevel::warning, "{}", w);
     // Rank 0's setup can fail on its own (an unwritable DTRAIN_TIMELINE path). Init must then fail
     // on every rank: the others would otherwise wait forever for a coordinator that never started.
-    std::string why = agree_on_setup(std::move(setup_error), control_);
+    std::string why = agree_on_setup(std::move(setup_error), control_.get());
     if (!agreed.error.empty()) why = agreed.error;
     HostBackend::Options ho;  // Note [Gloo on the host path] in comm/gloo_group.hpp
     if (why.empty() && config.cpu_operations == "gloo")
-      why = agree_on_failures(try_connect_gloo(ho.gloo_group, data_, config.gloo_iface,
-                                               agreed.op_timeout_seconds), control_);
-    if (!why.empty()) {
-      release_communicators();
-      throw InvalidArgumentError(why);
-    }
-    ho.comm = data_;
-    ho.chunk_bytes = config.mpi_chunk_bytes;
-    ho.pipeline = config.fusion_pipeline;
+      why = agree_on_failures(try_connect_gloo(ho.gloo_group, data_.get(), config.gloo_iface,
+                                               agreed.op_timeout_seconds),
+                              control_.get());
+    if (!why.empty()) throw InvalidArgumentError(why);
+    ho.comm = data_.get();
+    ho.settings = config;
     ho.timeline = rank_ == 0 ? &timeline_ : nullptr;
     ho.stats = &counters_;
-    ho.hierarchical = config.hierarchical_allreduce && hierarchy_.valid();
-    ho.hierarchy = hierarchy_;
+    ho.hierarchy = hierarchy;
     ho.direct_segments = agreed.direct_segments;
-    ho.wait = data_wait(config, hierarchy_);
-    ho.pieces_in_flight = config.mpi_pieces_in_flight;
+    ho.wait = data_wait(config, hierarchy);
     direct_segments_ = agreed.direct_segments;
     ResponseExecutor::Context ec;
     ec.rank = rank_;
     ec.config = &config_;
-    ec.data_comm = data_;
-    ec.hierarchy = hierarchy_;
+    ec.data_comm = data_.get();
+    ec.hierarchy = hierarchy;
     if (topology) ec.host_of_rank = topology->host_of_rank;
     ec.timeline = rank_ == 0 ? &timeline_ : nullptr;
     ec.counters = &counters_;
@@ -146,7 +141,8 @@ class Engine {
     }
     if (rank_ == 0 && config.autotune) {
       std::vector<int> ranks_per_host =
-          topology && !topology->local_sizes.empty() ? topology->local_sizes : std::vector<int>{size_};
+          topology && !topology->layout.local_sizes.empty() ? topology->layout.local_sizes
+                                                            : std::vector<int>{size_};
       autotuner_.emplace(config, std::move(ranks_per_host));
     }
     if (size_ > 1) {
@@ -157,7 +153,7 @@ class Engine {
                        std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(agreed.peer_timeout_seconds)));
     }
-    channel_.emplace(control_);
+    channel_.emplace(control_.get());
     watchdog_.emplace(agreed.op_timeout_seconds, rank_, monitor_ ? &*monitor_ : nullptr,
                       [this](const std::string& why) { fail_everything(why); });
     ec.watchdog = &*watchdog_;
@@ -188,10 +184,10 @@ class Engine {
   void release_communicators() noexcept {
     if (executor_) executor_->release_sets();  // before the communicators they were split from
     if (monitor_ && !peer_lost()) monitor_->close(/*all_closing=*/!failed());
-    if (hierarchy_.local != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.local);
-    if (hierarchy_.cross != MPI_COMM_NULL) MPI_Comm_free(&hierarchy_.cross);
-    if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
-    if (data_ != MPI_COMM_NULL) MPI_Comm_free(&data_);
+    hierarchy_.local.reset();
+    hierarchy_.cross.reset();
+    control_.reset();
+    data_.reset();
   }
 
   int rank() const noexcept { return rank_; }
@@ -404,9 +400,9 @@ class Engine {
   }
 
   Config config_;
-  MPI_Comm control_ = MPI_COMM_NULL;
-  MPI_Comm data_ = MPI_COMM_NULL;
-  HierarchyComms hierarchy_;
+  Communicator control_;
+  Communicator data_;
+  HostHierarchy hierarchy_;  // empty without a topology
   int rank_ = 0, size_ = 1;
   bool direct_segments_ = false;
 

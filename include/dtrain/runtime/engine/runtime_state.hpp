@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/communicator.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/runtime/engine/engine.hpp"
@@ -19,10 +20,22 @@ namespace dtrain::detail {
 
 struct Runtime {
   Config config;
+  Communicator world;  // dtrain's own duplicate of MPI_COMM_WORLD
   Topology topology;
-  MPI_Comm world = MPI_COMM_NULL;  // dtrain's own duplicate of MPI_COMM_WORLD
-  bool owns_mpi = false;           // dtrain initialized MPI, so dtrain finalizes it
+  bool owns_mpi = false;  // dtrain initialized MPI, so dtrain finalizes it
   std::unique_ptr<Engine> engine;
+
+  // Before MPI_Finalize.
+  void free_communicators() noexcept {
+    topology.local_comm.reset();
+    topology.cross_comm.reset();
+    world.reset();
+  }
+  // Note [Owned communicators] in comm/communicator.hpp: when not to free.
+  void abandon_communicators() noexcept {
+    topology.abandon_comms();
+    world.abandon();
+  }
 };
 
 // Note [Lifecycle]

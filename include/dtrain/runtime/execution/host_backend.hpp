@@ -56,13 +56,18 @@ inline ScaleSplit split_scaling(ReduceOp op, DataType dtype, double prescale, do
 // sleeps of at most DTRAIN_WAIT_MAX_SLEEP_US where the group spans hosts, hot within one (Note
 // [Waiting for data collectives] in comm/request_wait.hpp). It changes no MPI call, only when this
 // rank makes its next one, so it need not be agreed.
-inline RequestWait data_wait(const Config& config, const HierarchyComms& hierarchy) {
+inline RequestWait data_wait(const HostPathSettings& config, const HierarchyComms& hierarchy) {
   RequestWait w = RequestWait::hot();
-  if (hierarchy.valid() && hierarchy.hosts >= 2 && config.wait_max_sleep_us > 0)
+  if (hierarchy.valid() && hierarchy.layout.hosts() >= 2 && config.wait_max_sleep_us > 0)
     w = RequestWait::sleeping(std::chrono::duration_cast<RequestWait::Clock::duration>(
         std::chrono::duration<double, std::micro>(config.wait_max_sleep_us)));
   w.blocking_allreduce = !config.mpi_nonblocking;
   return w;
+}
+
+// The settings a backend starts from, before the autotuner moves them.
+inline TunedSettings untuned(const HostPathSettings& s) {
+  return TunedSettings{0, s.fusion_pipeline, s.hierarchical_allreduce, s.mpi_pieces_in_flight};
 }
 
 class HostBackend final : public Backend {
@@ -70,12 +75,12 @@ class HostBackend final : public Backend {
   using Clock = std::chrono::steady_clock;
   struct Options {
     MPI_Comm comm = MPI_COMM_NULL;
-    std::int64_t chunk_bytes = 16 << 20;  // Config::mpi_chunk_bytes
-    bool pipeline = true;
+    // Whole (Note [Settings by component] in core/config.hpp). The tunable ones are where the
+    // backend starts; retune() moves it on.
+    HostPathSettings settings;
     Timeline* timeline = nullptr;  // non-null on the rank that writes the timeline
     EngineCounters* stats = nullptr;
     // DTRAIN_HIERARCHICAL_ALLREDUCE: allreduce through `hierarchy` (comm/hierarchical.hpp).
-    bool hierarchical = false;
     HierarchyComms hierarchy;
     // Reduce large tensors of fused responses in their own memory: agreed by every rank at init
     // (Note [Direct segments]).
@@ -83,7 +88,6 @@ class HostBackend final : public Backend {
     // How this rank waits for its requests on `comm`: with sleeps where it spans hosts (Note
     // [Waiting for data collectives] in comm/request_wait.hpp).
     RequestWait wait = RequestWait::hot();
-    int pieces_in_flight = 1;  // Config::mpi_pieces_in_flight (Note [Pieces in flight])
     // DTRAIN_CPU_OPERATIONS=gloo: the data collectives go over `gloo_group`, connected over
     // `comm` (Note [Gloo on the host path] in comm/gloo_group.hpp); a process set's executor
     // connects its own like it. No hierarchy: Gloo's ring spans every rank.
@@ -93,22 +97,20 @@ class HostBackend final : public Backend {
     MPI_Comm_rank(options_.comm, &rank_);
     MPI_Comm_size(options_.comm, &size_);
     gloo_ = options_.gloo_group.get();
-    if (gloo_) options_.hierarchical = false;
     const Options& o = options_;
     // Without the host layout, assume the worst: every rank on this host.
-    ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.local_size : size_;
-    overlap_ = o.pipeline && overlap_pays(ranks_on_host_);  // local: it moves no MPI call
+    ranks_on_host_ = o.hierarchy.valid() ? o.hierarchy.layout.local_size : size_;
     direct_min_bytes_ = o.direct_segments ? kFusionDirectMinBytes : 0;
     shards_ = o.direct_segments && !disable_scaling_in_shards();
+    retune(untuned(o.settings));
   }
 
   // The autotuner's settings, applied by every rank at the same response message (Note [Applying
   // tuned settings] in runtime/engine/engine_autotuner.hpp).
   void retune(const TunedSettings& tuned) {
-    options_.pipeline = tuned.fusion_pipeline;
-    overlap_ = options_.pipeline && overlap_pays(ranks_on_host_);
-    options_.hierarchical = tuned.hierarchical_allreduce && options_.hierarchy.valid() && !gloo_;
-    options_.pieces_in_flight = tuned.pieces_in_flight;
+    overlap_ = tuned.fusion_pipeline && overlap_pays(ranks_on_host_);  // local: moves no MPI call
+    hierarchical_ = tuned.hierarchical_allreduce && options_.hierarchy.valid() && !gloo_;
+    pieces_in_flight_ = tuned.pieces_in_flight;
   }
 
   // Whether fused allreduces overlap packing with reduction here (Note [Fusion pipeline]).
@@ -149,18 +151,18 @@ class HostBackend final : public Backend {
   static std::string timeline_row(const Response& r, std::size_t i) {
     return display_name(r.process_set, r.names[i]);
   }
-  std::int64_t chunk(DataType d) const noexcept { return chunk_elements(options_.chunk_bytes, d); }
+  std::int64_t chunk(DataType d) const noexcept { return chunk_elements(options_.settings.mpi_chunk_bytes, d); }
 
   // Reduces in place and multiplies the result by `factor` (Note [Scaled allreduce]).
   void reduce(void* buf, std::int64_t n, DataType dtype, ReduceOp op, std::int64_t chunk_elems,
               double factor) {
-    const int in_flight = options_.pieces_in_flight;
+    const int in_flight = pieces_in_flight_;
     if (gloo_) {
       gloo_->allreduce(buf, n, dtype, op);
       scale_in_place(dtype, buf, n, factor);
       return;
     }
-    if (options_.hierarchical) {
+    if (hierarchical_) {
       hierarchical_allreduce(buf, n, dtype, op, options_.hierarchy, piece_, chunk_elems, factor,
                              options_.wait, in_flight);
     } else if (shards_) {  // every rank has a core: shards pay (Note [Scaled allreduce])
@@ -186,7 +188,7 @@ class HostBackend final : public Backend {
     const ReduceOp op = effective_op(r);
     const double post = effective_postscale(r);
     const std::size_t es = element_size(dtype);
-    if (options_.hierarchical) options_.stats->add(Counter::hierarchical_collectives);
+    if (hierarchical_) options_.stats->add(Counter::hierarchical_collectives);
     options_.stats->add(Counter::bytes_reduced, static_cast<std::uint64_t>(r.total_numel()) * es);
     if (entries.size() == 1) {
       // A lone tensor is reduced in place: no copies into a fusion buffer. A rank that joined
@@ -235,7 +237,7 @@ class HostBackend final : public Backend {
     const std::int64_t pieces = job.pieces();
     auto t0 = Clock::now();
     Clock::time_point reduce_begin = t0, reduce_end = t0;
-    if (overlap_ || options_.hierarchical || gloo_) {
+    if (overlap_ || hierarchical_ || gloo_) {
       // A helper thread packs and unpacks around one piece at a time (Note [Fusion pipeline]); the
       // hierarchy's steps run on three communicators, and Gloo's on its own, one piece at a time.
       pipeline_.run(job, [&](std::int64_t k) {
@@ -257,7 +259,7 @@ class HostBackend final : public Backend {
             if (++completed == pieces) reduce_end = Clock::now();
             job.copy_piece(k, CopyDirection::unpack);
           },
-          options_.comm, options_.pieces_in_flight, options_.wait);
+          options_.comm, pieces_in_flight_, options_.wait);
     }
     auto t3 = Clock::now();
     options_.stats->add(Counter::fused_collectives);
@@ -276,13 +278,13 @@ class HostBackend final : public Backend {
   // (Note [Scaled allreduce]). Sizing the shard memory for each of them now keeps the first such
   // step from allocating: steady-state steps grow no buffer.
   void reserve_shards_for_lone(const Response& r, DataType dtype, double lone_factor) {
-    if (!shards_ || options_.hierarchical) return;
+    if (!shards_ || hierarchical_) return;
     const std::int64_t step = std::max<std::int64_t>(chunk(dtype), size_);
     std::size_t bytes = 0;
     for (std::int64_t n : r.numels)
       if (scaled_allreduce_shard_bytes(n, dtype, lone_factor, size_, chunk(dtype)) > 0)
         bytes = std::max(bytes, PiecesInFlight::ring_bytes(std::min(step, n), dtype, size_,
-                                                           options_.pieces_in_flight));
+                                                           pieces_in_flight_));
     pieces_.reserve_ring(bytes);
   }
 
@@ -372,7 +374,7 @@ class HostBackend final : public Backend {
     if (gloo_) gloo_->broadcast(buf, n, r.dtype, r.root);
     else
     host_broadcast(buf, n, r.dtype, r.root, options_.comm, chunk(r.dtype), options_.wait,
-                   options_.pieces_in_flight);
+                   pieces_in_flight_);
     if (auto* tl = timeline(); tl && e) tl->span(timeline_row(r, 0), "MPI_BCAST", t0, Clock::now());
   }
 
@@ -417,6 +419,8 @@ class HostBackend final : public Backend {
   }
 
   GlooGroup* gloo_ = nullptr;  // options_.gloo_group's
+  bool hierarchical_ = false;   // tuned, and possible here (Note [Applying tuned settings])
+  int pieces_in_flight_ = 1;
   Options options_;
   int rank_ = 0, size_ = 1;
   HostBuffer fusion_;

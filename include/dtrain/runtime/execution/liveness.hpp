@@ -37,6 +37,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/comm/communicator.hpp"
 #include "dtrain/comm/mpi_error.hpp"
 
 namespace dtrain::detail {
@@ -50,11 +51,9 @@ class PeerMonitor {
   // `hosts[r]` names rank r's host, for the reports. `silence`: how long a peer may go unheard
   // before it is lost; zero: never (heartbeats are then neither sent nor checked).
   PeerMonitor(MPI_Comm world, std::vector<std::string> hosts, Clock::duration silence)
-      : hosts_(std::move(hosts)), silence_(silence) {
-    mpi_check(MPI_Comm_dup(world, &comm_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
+      : comm_(Communicator::duplicate(world)), hosts_(std::move(hosts)), silence_(silence) {
+    MPI_Comm_rank(comm_.get(), &rank_);
+    MPI_Comm_size(comm_.get(), &size_);
     const auto now = Clock::now();
     last_heard_.assign(static_cast<std::size_t>(size_), now);
     heartbeats_.resize(static_cast<std::size_t>(size_));
@@ -62,21 +61,23 @@ class PeerMonitor {
   }
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
+  // Never closed: a peer was lost, and freeing could wait for it (Note [Owned communicators]).
+  ~PeerMonitor() { comm_.abandon(); }
 
   // Frees the communicator; only when every peer is known to be alive. `all_closing`: every rank
   // is closing now (a clean shutdown), so heartbeats still on their way are drained first and MPI
   // does not find them unreceived at finalize.
   void close(bool all_closing) noexcept {
     std::lock_guard lock(mutex_);
-    if (comm_ == MPI_COMM_NULL) return;
+    if (!comm_) return;
     if (all_closing && size_ > 1) {
       // Every rank has stopped sending; once all are past the barrier, what was sent has arrived.
-      if (MPI_Barrier(comm_) == MPI_SUCCESS) (void)receive(Clock::now());
+      if (MPI_Barrier(comm_.get()) == MPI_SUCCESS) (void)receive(Clock::now());
     }
     for (auto* slots : {&heartbeats_, &notices_})
       for (auto& s : *slots)
         if (s.request != MPI_REQUEST_NULL) MPI_Request_free(&s.request);
-    MPI_Comm_free(&comm_);
+    comm_.reset();
   }
 
   int size() const noexcept { return size_; }
@@ -86,7 +87,7 @@ class PeerMonitor {
   // the peers' silence (Note [Peer liveness]).
   std::optional<std::string> tick(Clock::time_point now, Clock::duration paused = {}) {
     std::lock_guard lock(mutex_);
-    if (size_ < 2 || reported_ || comm_ == MPI_COMM_NULL) return std::nullopt;
+    if (size_ < 2 || reported_ || !comm_) return std::nullopt;
     if (paused > Clock::duration::zero())
       for (auto& heard : last_heard_) heard = std::min(now, heard + paused);
     const bool watching = silence_ > Clock::duration::zero();
@@ -122,7 +123,7 @@ class PeerMonitor {
   // Tells every peer that this rank is leaving, and gives the messages a moment to go out.
   void announce_exit(const std::string& why) noexcept {
     std::lock_guard lock(mutex_);
-    if (comm_ == MPI_COMM_NULL || size_ < 2) return;
+    if (!comm_ || size_ < 2) return;
     reported_ = true;
     for (int r = 0; r < size_; ++r)
       if (r != rank_) send(notices_, r, "D" + why);
@@ -158,8 +159,8 @@ class PeerMonitor {
       if (!done) return;  // the previous one is still on its way; its buffer must stay
     }
     s.payload = std::move(payload);
-    if (MPI_Isend(s.payload.data(), static_cast<int>(s.payload.size()), MPI_CHAR, to, kTag, comm_,
-                  &s.request) != MPI_SUCCESS)
+    if (MPI_Isend(s.payload.data(), static_cast<int>(s.payload.size()), MPI_CHAR, to, kTag,
+                  comm_.get(), &s.request) != MPI_SUCCESS)
       s.request = MPI_REQUEST_NULL;
   }
 
@@ -170,7 +171,8 @@ class PeerMonitor {
       int flag = 0;
       MPI_Message handle;
       MPI_Status status;
-      if (MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_, &flag, &handle, &status) != MPI_SUCCESS || !flag)
+      if (MPI_Improbe(MPI_ANY_SOURCE, kTag, comm_.get(), &flag, &handle, &status) != MPI_SUCCESS ||
+          !flag)
         return notice;
       int count = 0;
       MPI_Get_count(&status, MPI_CHAR, &count);
@@ -188,7 +190,7 @@ class PeerMonitor {
   }
 
   static constexpr int kTag = 7;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  Communicator comm_;
   int rank_ = 0, size_ = 1;
   std::vector<std::string> hosts_;
   const Clock::duration silence_;

@@ -77,8 +77,7 @@ class ResponseExecutor {
 
   ResponseExecutor(Context context, const HostBackend::Options& host)
       : ctx_(std::move(context)), host_options_(host),
-        tuned_{0, host.pipeline, ctx_.config && ctx_.config->hierarchical_allreduce,
-               host.pieces_in_flight} {
+        tuned_(untuned(host.settings)) {
     SetRun& world = sets_[0];
     world.data = ctx_.data_comm;
     world.hierarchy = ctx_.hierarchy;
@@ -97,15 +96,8 @@ class ResponseExecutor {
     return n;
   }
   // Frees the backends and the sets' communicators, before the world's (which the engine owns)
-  // are freed.
-  void release_sets() noexcept {
-    for (auto& [id, run] : sets_) {
-      run.device.reset();
-      run.host.reset();
-      free_comms(run);
-    }
-    sets_.clear();
-  }
+  // are freed (Note [Owned communicators] in comm/communicator.hpp).
+  void release_sets() noexcept { sets_.clear(); }
 
   void execute(const Response& r, Clock::time_point arrival) {
     if (r.kind == OpKind::process_set) {
@@ -224,11 +216,13 @@ class ResponseExecutor {
     return std::nullopt;
   }
 
-  // What this rank runs one process set's responses with.
+  // What this rank runs one process set's responses with. Its members go in reverse order: the
+  // backends before the communicators they use.
   struct SetRun {
+    Communicator owned_data;       // the set's own; empty for the world's, which the engine owns
+    HostHierarchy owned_hierarchy;
     MPI_Comm data = MPI_COMM_NULL;
     HierarchyComms hierarchy;  // invalid where the engine has no host layout
-    bool owns_comms = false;   // the world's belong to the engine
     std::shared_ptr<GlooGroup> gloo;  // DTRAIN_CPU_OPERATIONS=gloo: the set's own connections
     std::unique_ptr<HostBackend> host;
     std::unique_ptr<Backend> device;
@@ -270,15 +264,17 @@ class ResponseExecutor {
     std::vector<std::shared_ptr<Entry>> owned{e};
     Watchdog::Scope watched(*ctx_.watchdog, r.names.front(), to_string(r.kind), &owned);
     SetRun run;
-    run.owns_comms = true;
     std::string failure;
     try {
-      mpi_check(MPI_Comm_split(ctx_.data_comm, member ? 0 : MPI_UNDEFINED, ctx_.rank, &run.data),
-                "MPI_Comm_split (add_process_set)");
+      run.owned_data = Communicator::split(ctx_.data_comm, member ? 0 : MPI_UNDEFINED, ctx_.rank,
+                                           "MPI_Comm_split (add_process_set)");
+      run.data = run.owned_data.get();
       if (member) {
-        MPI_Comm_set_errhandler(run.data, MPI_ERRORS_RETURN);
-        if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty())
-          run.hierarchy = split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
+        if (ctx_.hierarchy.valid() && !ctx_.host_of_rank.empty()) {
+          run.owned_hierarchy =
+              split_hierarchy(run.data, r.set_ranks, ctx_.host_of_rank, ctx_.rank);
+          run.hierarchy = run.owned_hierarchy.comms();
+        }
         if (const GlooGroup* world = host_options_.gloo_group.get()) {
           const std::string why = try_connect_gloo(run.gloo, run.data, world->requested_iface(),
                                                    world->connect_timeout_seconds());
@@ -293,7 +289,6 @@ class ResponseExecutor {
     }
     const std::string why = agree_on_set_creation(r, failure);
     if (!why.empty()) {
-      free_comms(run);
       if (ctx_.set_not_made) ctx_.set_not_made(r.process_set);
       if (e) e->state->complete(std::make_exception_ptr(Error(why)));
       return;
@@ -303,11 +298,9 @@ class ResponseExecutor {
       o.comm = run.data;
       o.hierarchy = run.hierarchy;
       o.gloo_group = run.gloo;
-      o.pipeline = tuned_.fusion_pipeline;
-      o.hierarchical = tuned_.hierarchical_allreduce && run.hierarchy.valid();
-      o.pieces_in_flight = tuned_.pieces_in_flight;
-      if (run.hierarchy.valid() && ctx_.config) o.wait = data_wait(*ctx_.config, run.hierarchy);
+      if (run.hierarchy.valid()) o.wait = data_wait(o.settings, run.hierarchy);
       run.host = std::make_unique<HostBackend>(o);
+      run.host->retune(tuned_);
       sets_.emplace(r.process_set, std::move(run));
     }
     ctx_.set_created(r.process_set, std::vector<int>(r.set_ranks.begin(), r.set_ranks.end()));
@@ -346,13 +339,6 @@ class ResponseExecutor {
         "the sets you need once and reuse them.",
         fmt::join(r.set_ranks, ", "), fmt::join(failing, ", "),
         failed ? fmt::format(" (here: {})", failure) : std::string(), sets_created_);
-  }
-
-  static void free_comms(SetRun& run) noexcept {
-    if (!run.owns_comms) return;
-    if (run.hierarchy.local != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.local);
-    if (run.hierarchy.cross != MPI_COMM_NULL) MPI_Comm_free(&run.hierarchy.cross);
-    if (run.data != MPI_COMM_NULL) MPI_Comm_free(&run.data);
   }
 
   Context ctx_;

@@ -14,28 +14,13 @@ namespace dtrain::detail {
 // The clock of every time point the coordinator takes and gives.
 using Clock = std::chrono::steady_clock;
 
-struct CoordinatorOptions {
-  int size = 1;
-  std::int64_t fusion_threshold_bytes = 134217728;
-  double cycle_time_ms = 1.0;
-  std::int64_t cache_capacity = 1024;
-  bool stall_check_disable = false;
-  double stall_check_time_seconds = 60;
-  double stall_shutdown_time_seconds = 0;
-  double op_timeout_seconds = 600;  // 0: none (Note [Failed ops])
+// The settings the coordinator reads, whole (Note [Settings by component] in core/config.hpp);
+// op_timeout_seconds fails ops that outlive it (Note [Failed ops]).
+struct CoordinatorOptions : NegotiationSettings, DeadlineSettings {
+  int size = 1;  // of the world, which is not a setting
 
-  // The options `config` sets, for a world of `size` ranks (the world is not a setting).
   static CoordinatorOptions from(const Config& config, int size) {
-    CoordinatorOptions o;
-    o.size = size;
-    o.fusion_threshold_bytes = config.fusion_threshold_bytes;
-    o.cycle_time_ms = config.cycle_time_ms;
-    o.cache_capacity = config.cache_capacity;
-    o.stall_check_disable = config.stall_check_disable;
-    o.stall_check_time_seconds = config.stall_check_time_seconds;
-    o.stall_shutdown_time_seconds = config.stall_shutdown_time_seconds;
-    o.op_timeout_seconds = config.op_timeout_seconds;
-    return o;
+    return CoordinatorOptions{config, config, size};
   }
 };
 

@@ -44,9 +44,7 @@ class SetCoordinator {
   SetCoordinator(SetMembers members, SharedNegotiation shared)
       : members_(std::move(members)), sh_(shared), failed_(member_mask(members_)),
         join_(members_, shared.options->op_timeout_seconds),
-        stall_(StallOptions{shared.options->stall_check_disable,
-                            shared.options->stall_check_time_seconds,
-                            shared.options->stall_shutdown_time_seconds}) {}
+        stall_(*shared.options) {}
 
   const SetMembers& members() const noexcept { return members_; }
 

@@ -17,27 +17,23 @@
 
 #include <fmt/format.h>
 
-namespace dtrain::detail {
+#include "dtrain/core/config.hpp"
 
-struct StallOptions {
-  bool disable = false;            // DTRAIN_STALL_CHECK_DISABLE: no warnings
-  double check_seconds = 60;       // DTRAIN_STALL_CHECK_TIME_SECONDS
-  double shutdown_seconds = 0;     // DTRAIN_STALL_SHUTDOWN_TIME_SECONDS; 0: never
-};
+namespace dtrain::detail {
 
 class StallInspector {
  public:
   using Clock = std::chrono::steady_clock;
   enum class Verdict { none, warn, shut_down };
 
-  explicit StallInspector(StallOptions o) : options_(o) {}
+  explicit StallInspector(const StallSettings& o) : options_(o) {}
 
   // For waits of which the oldest began at `oldest`.
   Verdict judge(Clock::time_point oldest, Clock::time_point now) const {
-    if (options_.shutdown_seconds > 0 && now - oldest >= seconds(options_.shutdown_seconds))
+    if (options_.stall_shutdown_time_seconds > 0 && now - oldest >= seconds(options_.stall_shutdown_time_seconds))
       return Verdict::shut_down;
-    if (!options_.disable &&
-        now - std::max(oldest, last_warning_) >= seconds(options_.check_seconds))
+    if (!options_.stall_check_disable &&
+        now - std::max(oldest, last_warning_) >= seconds(options_.stall_check_time_seconds))
       return Verdict::warn;
     return Verdict::none;
   }
@@ -45,9 +41,9 @@ class StallInspector {
   // When judge() next changes its mind for waits of which the oldest began at `oldest`.
   std::optional<Clock::time_point> next_deadline(Clock::time_point oldest) const {
     std::optional<Clock::time_point> t;
-    if (!options_.disable) t = std::max(oldest, last_warning_) + seconds(options_.check_seconds);
-    if (options_.shutdown_seconds > 0) {
-      const auto stop = oldest + seconds(options_.shutdown_seconds);
+    if (!options_.stall_check_disable) t = std::max(oldest, last_warning_) + seconds(options_.stall_check_time_seconds);
+    if (options_.stall_shutdown_time_seconds > 0) {
+      const auto stop = oldest + seconds(options_.stall_shutdown_time_seconds);
       if (!t || stop < *t) t = stop;
     }
     return t;
@@ -60,7 +56,7 @@ class StallInspector {
         "dtrain: stalled ops: some ranks have been waiting more than {} s for others to submit "
         "the same op (DTRAIN_STALL_CHECK_TIME_SECONDS):{}\nRun with DTRAIN_LOG_LEVEL=debug to "
         "see what each rank submitted.",
-        options_.check_seconds, report);
+        options_.stall_check_time_seconds, report);
   }
 
   // The error every pending op fails with at a stall shutdown.
@@ -71,7 +67,7 @@ class StallInspector {
         "One or more ranks took a different code path (e.g. skipped a step or an op) or are "
         "stuck; every rank must submit every op with the same name. Run with "
         "DTRAIN_LOG_LEVEL=debug to see what each rank submitted.",
-        options_.shutdown_seconds, report);
+        options_.stall_shutdown_time_seconds, report);
   }
 
  private:
@@ -79,7 +75,7 @@ class StallInspector {
     return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
   }
 
-  StallOptions options_;
+  StallSettings options_;
   Clock::time_point last_warning_{};  // epoch: none yet
 };
 
