@@ -492,6 +492,8 @@ class Harness:
             if self.has_torch:
                 variants.append(("ddp at once", h, ()))
             variants.append(("dtrain", h, ()))
+            # Host tensors over MPI (the default, auto, takes Gloo where the job spans hosts).
+            variants.append(("dtrain mpi", h, ()))
             variants.append(("dtrain buckets", h, ("--bucket-mb", str(a.bucket_mb))))
             # The allreduce pieces as MPI's nonblocking calls, waited for with sleeps across hosts
             # (DTRAIN_MPI_NONBLOCKING=1; the default is MPI's blocking calls).
@@ -522,8 +524,10 @@ class Harness:
                     res = self.ddp(list(range(h)), what=what)
                 else:
                     env = None
+                    if name.endswith(" mpi"):
+                        env = {"DTRAIN_CPU_OPERATIONS": "mpi"}
                     if name.endswith(" nonblocking"):
-                        env = {"DTRAIN_MPI_NONBLOCKING": "1"}
+                        env = {"DTRAIN_MPI_NONBLOCKING": "1", "DTRAIN_CPU_OPERATIONS": "mpi"}
                         if a.wait_max_sleep_us is not None:
                             env["DTRAIN_WAIT_MAX_SLEEP_US"] = a.wait_max_sleep_us
                     if name.endswith(" gloo"):
@@ -654,7 +658,7 @@ class Harness:
                     if name == "ddp":
                         res = self.ddp([0, 1], what=what)
                     else:
-                        env = {"DTRAIN_CPU_OPERATIONS": "gloo"} if name.startswith("gloo ") else None
+                        env = {"DTRAIN_CPU_OPERATIONS": "gloo" if name.startswith("gloo ") else "mpi"}
                         res = self.train([0, 1], flags=flags, env=env, what=what)
                     log(f"{what}: step {1e3 * res['step_seconds']:.1f} ms")
                     runs.append({"variant": name, "round": r, **res})
@@ -733,7 +737,7 @@ def summarize_training(runs, hosts):
     base = {"dtrain": median(ips("dtrain", 1)), "ddp": median(ips("ddp", 1))}
     for h in [1] + hosts:
         at_once = {t: median(ips(f"{t} at once", h)) for t in ("dtrain", "ddp")}
-        for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain buckets",
+        for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain mpi", "dtrain buckets",
                         "dtrain nonblocking", "dtrain buckets nonblocking", "dtrain gloo",
                         "dtrain buckets gloo", "dtrain fp16", "ddp"):
             values = ips(variant, h)
@@ -764,7 +768,8 @@ def print_training(rows):
     log("\n| trainer | hosts x ranks | images/s (median) | best | scaling efficiency | "
         "efficiency vs alone at once | step / DDP's step | runs |")
     log("|---|---|---|---|---|---|---|---|")
-    names = {"dtrain": "dtrain (CPU default: 25 MiB buckets across hosts)",
+    names = {"dtrain": "dtrain (CPU defaults across hosts: Gloo, 25 MiB buckets)",
+             "dtrain mpi": "dtrain over MPI (DTRAIN_CPU_OPERATIONS=mpi), 25 MiB buckets",
              "dtrain buckets": "dtrain, buckets overlapping backward",
              "dtrain nonblocking": "dtrain, one bucket, nonblocking allreduce (DTRAIN_MPI_NONBLOCKING=1)",
              "dtrain buckets nonblocking": "dtrain, buckets, nonblocking allreduce",

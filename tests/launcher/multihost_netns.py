@@ -13,8 +13,11 @@ test checks:
   2. topology and hierarchical allreduce: local/cross ranks of all four ranks, a 16 MiB
      allreduce with DTRAIN_HIERARCHICAL_ALLREDUCE=1 that is exact and ran hierarchically, and the
      byte counters of host A's link proving that the data crossed it;
-  3. training: examples/plain learns across the two hosts;
-  4. managed-cluster mode: `dtrainrun --cluster` on both hosts, the follower on host B printing
+  3. the host library (Note [Choosing the host library]): without hierarchical allreduce, the
+     default DTRAIN_CPU_OPERATIONS=auto carries the probe's allreduce over Gloo across the two
+     machines, and over MPI on every rank, with a warning, where Gloo cannot connect;
+  4. training: examples/plain learns across the two hosts;
+  5. managed-cluster mode: `dtrainrun --cluster` on both hosts, the follower on host B printing
      its own ranks' output and exiting with the job's status.
 
 Exit status: 0 passed; 77 network namespaces are not permitted here (not root, no `ip`, or the
@@ -153,6 +156,16 @@ def check_probe(stdout, host_of_rank, where):
               f"{where}: rank {rank} ran no hierarchical allreduce: {a}")
 
 
+def check_host_library(done, gloo, where):
+    """The probe's allreduce: exact on every rank, and over Gloo on every rank or on none."""
+    allreduce = rank_json(done.stdout, "allreduce")
+    check(sorted(allreduce) == [0, 1, 2, 3], f"{where}: allreduce lines from {sorted(allreduce)}")
+    for rank, a in allreduce.items():
+        check(a["wrong"] == 0, f"{where}: rank {rank}: {a['wrong']} wrong elements")
+        check((a["gloo_collectives"] >= 1) == gloo,
+              f"{where}: rank {rank} should have run {'over Gloo' if gloo else 'over MPI'}: {a}")
+
+
 def check_training(stdout, where):
     losses = [float(x) for x in re.findall(r"^\[0\]<stdout>:epoch +\d+ loss ([0-9.]+)", stdout,
                                            re.MULTILINE)]
@@ -198,6 +211,18 @@ def real_hosts():
               f"allreduce: the ranks talked through shared memory")
         print(f"probe: topology and hierarchical allreduce correct; host A's link: received "
               f"{crossed[0]} bytes, sent {crossed[1]} bytes")
+
+        auto_env = {k: v for k, v in env.items() if k != "DTRAIN_HIERARCHICAL_ALLREDUCE"}
+        probe = common + ["--", PROBE, "--elements", "65536"]
+        done = run_job(cluster.on(a, probe), auto_env, "the auto probe job", probe_finished)
+        check_host_library(done, True, "auto across machines")
+        done = run_job(cluster.on(a, probe), dict(auto_env, DTRAIN_GLOO_IFACE="dtrain-none0"),
+                       "the auto probe job without a Gloo interface", probe_finished)
+        check_host_library(done, False, "auto without a Gloo interface")
+        check("but Gloo could not connect, so host tensors go over MPI" in done.stderr,
+              f"auto fell back to MPI without the warning:\n{done.stderr}")
+        print("host library: auto took Gloo across the machines, and MPI where Gloo could not "
+              "connect")
 
         before = link_bytes(cluster)
         done = run_job(cluster.on(a, common + ["--", PLAIN_TRAIN, "--epochs", str(EPOCHS)]),

@@ -1,6 +1,7 @@
 // Test program for the launcher tests: one JSON line per rank with its place in the job (world,
 // local and cross ranks, host name), then an allreduce checked element by element against its
-// closed form, then one JSON line with the verdict and how many allreduces ran hierarchically.
+// closed form, then one JSON line with the verdict and how many collectives ran hierarchically
+// and over Gloo.
 //
 //   topology_probe [--elements N] [--exit-rank R --exit-code C]
 //
@@ -70,8 +71,9 @@ int main(int argc, char** argv) {
     wrong += data[i] != expected;
   }
   fmt::print("{{\"probe\": \"allreduce\", \"rank\": {}, \"elements\": {}, \"wrong\": {}, "
-             "\"hierarchical_collectives\": {}}}\n",
-             rank, args.elements, wrong, dtrain::engine_stats().hierarchical_collectives);
+             "\"hierarchical_collectives\": {}, \"gloo_collectives\": {}}}\n",
+             rank, args.elements, wrong, dtrain::engine_stats().hierarchical_collectives,
+             dtrain::engine_stats().gloo_collectives);
   std::fflush(stdout);
   dtrain::shutdown();
   return wrong == 0 ? 0 : 1;

@@ -1,5 +1,6 @@
 // DTRAIN_CPU_OPERATIONS=gloo (Note [Gloo on the host path] in comm/gloo_group.hpp): host tensors
-// go over Gloo, not MPI, with the same results; bad Gloo settings fail init on every rank. Which
+// go over Gloo, not MPI, with the same results; bad Gloo settings fail init on every rank; auto
+// stays on MPI within one machine (Note [Choosing the host library]). Which
 // library moved the data is checked through the PMPI profiling interface: with gloo, no MPI call
 // carries float elements while the collectives run (negotiation moves bytes only).
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/runtime/engine/host_library.hpp"
 #include "mpi_test_util.hpp"
 
 namespace {
@@ -135,13 +137,18 @@ void run_collectives() {
 }
 
 // The collectives with host tensors over `cpu_operations`: the float MPI calls they posted.
-std::int64_t float_calls_of_collectives(const std::string& cpu_operations) {
+// `host_id`: DTRAIN_HOST_ID for this rank (empty: the real host).
+std::int64_t float_calls_of_collectives(const std::string& cpu_operations,
+                                        const std::string& host_id = {}) {
   dtrain::shutdown();
   dtrain::Config config = dtrain::Config::from_env();
   config.cpu_operations = cpu_operations;
+  config.host_id = host_id;
   dtrain::init(config);
   const std::int64_t before = float_calls.load();
   run_collectives();
+  const bool over_gloo = dtrain::engine_stats().gloo_collectives > 0;
+  if (world_size() > 1) CHECK(over_gloo == (cpu_operations == "gloo"));
   dtrain::shutdown();
   return float_calls.load() - before;
 }
@@ -155,6 +162,33 @@ TEST_CASE("with DTRAIN_CPU_OPERATIONS=gloo every host collective is right and MP
 TEST_CASE("the same collectives over MPI do post float MPI calls (the counter sees them)") {
   const std::int64_t calls = float_calls_of_collectives("mpi");
   if (world_size() > 1) CHECK(calls > 0);
+}
+
+TEST_CASE("auto, the default, keeps host tensors on MPI within one machine, emulated hosts too") {
+  CHECK(dtrain::Config{}.cpu_operations == "auto");
+  // Note [Choosing the host library]: every rank a host of its own, all on this machine.
+  const std::int64_t calls =
+      float_calls_of_collectives("auto", "emulated-" + std::to_string(world_rank()));
+  if (world_size() > 1) CHECK(calls > 0);
+}
+
+TEST_CASE("auto's choice: Gloo across machines, MPI otherwise; only gloo requires it") {
+  using dtrain::detail::choose_host_library;
+  dtrain::HostPathSettings s;
+  CHECK(s.cpu_operations == "auto");
+  const auto across = choose_host_library(s, 2, true);
+  CHECK(across.gloo);
+  CHECK_FALSE(across.required);
+  CHECK(across.why.find("spans 2 machines") != std::string::npos);
+  CHECK_FALSE(choose_host_library(s, 1, true).gloo);
+  CHECK_FALSE(choose_host_library(s, 3, false).gloo);
+  s.hierarchical_allreduce = true;
+  CHECK_FALSE(choose_host_library(s, 2, true).gloo);
+  s.cpu_operations = "gloo";
+  CHECK(choose_host_library(s, 1, true).gloo);
+  CHECK(choose_host_library(s, 1, true).required);
+  s.cpu_operations = "mpi";
+  CHECK_FALSE(choose_host_library(s, 4, true).gloo);
 }
 
 TEST_CASE("a Gloo interface that does not exist fails init on every rank, naming it") {

@@ -106,7 +106,7 @@ const std::vector<KnobCase>& knob_cases() {
        [](const Config& c) { return !c.fusion_pipeline; }, {"2"}},
       {"HOST_ID", [](const Config& c) { return c.host_id.empty(); }, "node-a",
        [](const Config& c) { return c.host_id == "node-a"; }, {}},
-      {"CPU_OPERATIONS", [](const Config& c) { return c.cpu_operations == "mpi"; }, "gloo",
+      {"CPU_OPERATIONS", [](const Config& c) { return c.cpu_operations == "auto"; }, "gloo",
        [](const Config& c) { return c.cpu_operations == "gloo"; }, {"ccl", "MPI"}},
       {"GLOO_IFACE", [](const Config& c) { return c.gloo_iface.empty(); }, "eth1",
        [](const Config& c) { return c.gloo_iface == "eth1"; }, {}},
@@ -391,19 +391,20 @@ TEST_CASE("a Horovod knob that dtrain does not map is named with what dtrain doe
   CHECK(capture.lines().size() == 5);
 }
 
-TEST_CASE("DTRAIN_CPU_OPERATIONS takes mpi or gloo, also under Horovod's name") {
-  CHECK(config_from_env(MapEnv{}).cpu_operations == "mpi");
+TEST_CASE("DTRAIN_CPU_OPERATIONS takes auto, mpi or gloo, also under Horovod's name") {
+  CHECK(config_from_env(MapEnv{}).cpu_operations == "auto");
+  CHECK(config_from_env(MapEnv{{"DTRAIN_CPU_OPERATIONS", "mpi"}}).cpu_operations == "mpi");
   CHECK(config_from_env(MapEnv{{"HOROVOD_CPU_OPERATIONS", "gloo"}}).cpu_operations == "gloo");
   CHECK(config_from_env(MapEnv{{"DTRAIN_GLOO_IFACE", "eth1"}}).gloo_iface == "eth1");
   CHECK_THROWS_WITH_AS(config_from_env(MapEnv{{"DTRAIN_CPU_OPERATIONS", "ccl"}}),
                        doctest::Contains("DTRAIN_CPU_OPERATIONS=\"ccl\" is not one of the "
-                                         "choices: expected mpi or gloo"),
+                                         "choices: expected auto, mpi or gloo"),
                        InvalidArgumentError);
   Config c;
   c.cpu_operations = "GLOO";
   CHECK_THROWS_WITH_AS(c.validate(),
                        doctest::Contains("Config::cpu_operations = \"GLOO\" is not one of the "
-                                         "choices: expected mpi or gloo"),
+                                         "choices: expected auto, mpi or gloo"),
                        InvalidArgumentError);
 }
 

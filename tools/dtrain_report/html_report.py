@@ -21,6 +21,7 @@ ENGINE_COUNTERS = {
     "bytes_reduced": "bytes reduced by allreduce on this rank",
     "buffer_allocations": "fusion or scratch buffer (re)allocations (should be 0 after warm-up)",
     "hierarchical_collectives": "allreduces run host by host",
+    "gloo_collectives": "data collectives whose host tensors went over Gloo",
     "cache_ids_sent": "requests sent as response-cache ids (cheap negotiation)",
     "requests_sent": "requests sent to the coordinator in any form",
     "responses": "responses the coordinator issued (rank 0 only)",

@@ -14,7 +14,8 @@
 // - Pieces in flight (DTRAIN_MPI_PIECES_IN_FLIGHT): integers on a log scale over [1, 8]; each
 //   doubling changes the overlap between one piece's arithmetic and the next piece's transfer
 //   about as much, and beyond 8 the pieces only queue. Tuned only where the host path is MPI's:
-//   over Gloo (DTRAIN_CPU_OPERATIONS=gloo) the knob moves nothing.
+//   over Gloo (Note [Choosing the host library]) the knob moves nothing, nor does hierarchical
+//   allreduce.
 // - Binary knobs (hierarchical allreduce, response cache, fusion pipeline) are 0/1 coordinates.
 //   The optimizer treats them as categories: it enumerates their combinations when it maximizes
 //   expected improvement, so it never proposes a point between two categories, and the kernel

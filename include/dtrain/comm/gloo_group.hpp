@@ -45,6 +45,12 @@
 
 namespace dtrain::detail {
 
+#ifdef DTRAIN_GLOO_PLUGIN
+inline constexpr bool gloo_built = true;
+#else
+inline constexpr bool gloo_built = false;
+#endif
+
 // The plugin's table, loaded once per process; throws naming the library where it cannot be.
 inline const DtrainGlooApi& gloo_api() {
 #ifdef DTRAIN_GLOO_PLUGIN

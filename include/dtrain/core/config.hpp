@@ -48,7 +48,7 @@ struct HostPathSettings {
   int mpi_pieces_in_flight = 2;             // DTRAIN_MPI_PIECES_IN_FLIGHT
   double wait_max_sleep_us = 500;           // DTRAIN_WAIT_MAX_SLEEP_US; 0 = never sleep
   bool mpi_nonblocking = false;             // DTRAIN_MPI_NONBLOCKING
-  std::string cpu_operations = "mpi";       // DTRAIN_CPU_OPERATIONS: mpi or gloo
+  std::string cpu_operations = "auto";      // DTRAIN_CPU_OPERATIONS: auto, mpi or gloo
   std::string gloo_iface;                   // DTRAIN_GLOO_IFACE; empty = first up, non-loopback
 };
 

@@ -157,8 +157,8 @@ void for_each_knob(Visitor&& visit) {
   visit(BoolKnob{"FUSION_PIPELINE", "fusion_pipeline", &Config::fusion_pipeline});
   visit(StringKnob{"HOST_ID", "host_id", &Config::host_id});
   // Note [Gloo on the host path] in comm/gloo_group.hpp.
-  visit(ChoiceKnob{"CPU_OPERATIONS", "cpu_operations", &Config::cpu_operations, "mpi or gloo",
-                   {"mpi", "gloo"}});
+  visit(ChoiceKnob{"CPU_OPERATIONS", "cpu_operations", &Config::cpu_operations,
+                   "auto, mpi or gloo", {"auto", "mpi", "gloo"}});
   visit(StringKnob{"GLOO_IFACE", "gloo_iface", &Config::gloo_iface});
 }
 

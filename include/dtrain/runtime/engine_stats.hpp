@@ -18,6 +18,7 @@
   X(bytes_reduced)                                                                            \
   X(buffer_allocations)       /* fusion/scratch buffer (re)allocations */                    \
   X(hierarchical_collectives) /* allreduces run host by host */                              \
+  X(gloo_collectives)         /* data collectives whose host tensors went over Gloo */       \
   X(cache_ids_sent)           /* requests this rank sent as response-cache ids */            \
   X(requests_sent)            /* requests this rank sent in any form */                      \
   /* Payload bytes of this rank's completed ops, by kind (its own tensors: inputs for */      \

@@ -28,6 +28,7 @@
 #include "dtrain/runtime/engine/control_channel.hpp"
 #include "dtrain/runtime/engine/debug_trail.hpp"
 #include "dtrain/runtime/engine/engine_autotuner.hpp"
+#include "dtrain/runtime/engine/host_library.hpp"
 #include "dtrain/runtime/engine/in_flight_table.hpp"
 #include "dtrain/runtime/engine/thread_cpu_clock.hpp"
 #include "dtrain/runtime/engine/wait_policy.hpp"
@@ -95,10 +96,11 @@ class Engine {
     std::string why = agree_on_setup(std::move(setup_error), control_.get());
     if (!agreed.error.empty()) why = agreed.error;
     HostBackend::Options ho;  // Note [Gloo on the host path] in comm/gloo_group.hpp
-    if (why.empty() && config.cpu_operations == "gloo")
-      why = agree_on_failures(try_connect_gloo(ho.gloo_group, data_.get(), config.gloo_iface,
-                                               agreed.op_timeout_seconds),
-                              control_.get());
+    if (why.empty())
+      why = connect_host_library(
+          choose_host_library(config, topology ? topology->machines : 1, gloo_built),
+          ho.gloo_group, data_.get(), control_.get(), config.gloo_iface,
+          agreed.op_timeout_seconds);
     if (!why.empty()) throw InvalidArgumentError(why);
     ho.comm = data_.get();
     ho.settings = config;
@@ -143,7 +145,7 @@ class Engine {
       std::vector<int> ranks_per_host =
           topology && !topology->layout.local_sizes.empty() ? topology->layout.local_sizes
                                                             : std::vector<int>{size_};
-      autotuner_.emplace(config, std::move(ranks_per_host));
+      autotuner_.emplace(config, std::move(ranks_per_host), ho.gloo_group != nullptr);
     }
     if (size_ > 1) {
       std::vector<std::string> hosts;

@@ -43,9 +43,10 @@ class EngineAutotuner {
   using Clock = std::chrono::steady_clock;
 
   // `ranks_per_host`: the job's layout, for the saved result's key; more than one host lets the
-  // tuner try hierarchical allreduce.
-  EngineAutotuner(const Config& config, std::vector<int> ranks_per_host)
-      : config_(config), tuner_(make_space(config, ranks_per_host.size() > 1),
+  // tuner try hierarchical allreduce. `host_over_gloo`: host tensors go over Gloo (Note [Choosing
+  // the host library]).
+  EngineAutotuner(const Config& config, std::vector<int> ranks_per_host, bool host_over_gloo)
+      : config_(config), tuner_(make_space(config, ranks_per_host.size() > 1, host_over_gloo),
                                 autotune::tuner_options(config)) {
     job_.world_size = 0;
     for (int n : ranks_per_host) job_.world_size += n;
@@ -97,12 +98,17 @@ class EngineAutotuner {
   std::uint64_t generation() const noexcept { return generation_; }
 
  private:
-  static autotune::SearchSpace make_space(const Config& config, bool multi_host) {
+  static autotune::SearchSpace make_space(const Config& config, bool multi_host,
+                                          bool host_over_gloo) {
     autotune::SearchSpaceOptions o;
     o.base = autotune::knobs_from_config(config);
     o.fixed = autotune::knobs_set_by_user(config, ProcessEnv{});
-    // Pieces in flight shape MPI's host reductions only (Note [Search space]).
-    if (config.cpu_operations == "gloo") o.fixed.insert(autotune::Knob::pieces_in_flight);
+    // Pieces in flight and the host hierarchy shape MPI's host reductions only (Note [Search
+    // space]); the host backend ignores them over Gloo.
+    if (host_over_gloo) {
+      o.fixed.insert(autotune::Knob::pieces_in_flight);
+      o.fixed.insert(autotune::Knob::hierarchical_allreduce);
+    }
     o.multi_host = multi_host;
     return autotune::SearchSpace(o);
   }

@@ -136,6 +136,7 @@ class HostBackend final : public Backend {
       case OpKind::process_set: break;  // negotiation itself is the synchronization
     }
     options_.stats->add(Counter::collectives);
+    if (gloo_) options_.stats->add(Counter::gloo_collectives);
   }
 
   std::uint64_t buffer_allocations() const noexcept {
