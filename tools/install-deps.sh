@@ -17,6 +17,7 @@ Installs with apt what dtrain needs and is not installed yet:
               nlohmann-json3-dev (the tests read JSON with it; dtrain itself does not need it)
               iproute2 (the launcher's two-host test across network namespaces)
               libgloo-dev (the Gloo host path, DTRAIN_CPU_OPERATIONS=gloo)
+              libcli11-dev (the example trainers' command lines)
   --torch     python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev
               (the libtorch integration, its tests, the Fashion-MNIST and Mask R-CNN examples;
               libtorch itself comes from PyPI's torch wheel, installed by tools/setup-libtorch.sh
@@ -34,7 +35,7 @@ EOF
 }
 
 base_packages=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
-  nlohmann-json3-dev iproute2 libgloo-dev)
+  nlohmann-json3-dev iproute2 libgloo-dev libcli11-dev)
 torch_packages=(python3-venv dataset-fashion-mnist zlib1g-dev libstb-dev)
 browser_packages=(chromium)
 openmpi_packages=(openmpi-bin libopenmpi-dev)

@@ -12,33 +12,26 @@
 
 #include "coco_eval.hpp"
 #include "coco_format.hpp"
+#include "common/cli.hpp"
 
 int main(int argc, char** argv) {
-  const std::string usage =
-      "usage: mask_rcnn_evaluate GROUND_TRUTH.json RESULTS.json [--json STATS.json]\n";
-  std::string files[2], stats_file;
-  int positional = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--json" && i + 1 < argc) {
-      stats_file = argv[++i];
-    } else if (arg == "-h" || arg == "--help") {
-      std::fputs(usage.c_str(), stdout);
-      return 0;
-    } else if (arg.rfind("--", 0) != 0 && positional < 2) {
-      files[positional++] = arg;
-    } else {
-      std::fprintf(stderr, "mask_rcnn_evaluate: unexpected argument '%s'\n%s", arg.c_str(),
-                   usage.c_str());
-      return 2;
-    }
-  }
-  if (positional != 2) {
-    std::fputs(usage.c_str(), stderr);
-    return 2;
+  CLI::App app("", "mask_rcnn_evaluate");
+  examples::describe_program(app, "Scores COCO detections (boxes and masks) against COCO ground "
+                                  "truth, as pycocotools does.");
+  std::string ground_truth, results, stats_file;
+  app.add_option("ground_truth", ground_truth, "COCO instances file")
+      ->required()
+      ->check(CLI::ExistingFile);
+  app.add_option("results", results, "COCO results file")->required()->check(CLI::ExistingFile);
+  app.add_option("--json", stats_file, "also write the statistics to this file")
+      ->type_name("FILE");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return examples::refused_command_line(app, e, true);
   }
   try {
-    const auto stats = mask_rcnn::evaluate_files(files[0], files[1]);
+    const auto stats = mask_rcnn::evaluate_files(ground_truth, results);
     std::fputs(mask_rcnn::format_table(stats).c_str(), stdout);
     for (const auto& [type, s] : stats) {
       std::printf("\n%s:\n%s", mask_rcnn::to_string(type), mask_rcnn::format_summary(s).c_str());

@@ -1,160 +1,157 @@
 #include "options.hpp"
 
 #include <algorithm>
-#include <limits>
-#include <map>
-#include <set>
+
+#include "common/cli.hpp"
+#include "model.hpp"  // preset_names
 
 namespace mask_rcnn {
 
-std::string usage(const std::string& program) {
-  return "usage: " + program + R"( [options]
+namespace {
 
-Trains Mask R-CNN (ResNet-FPN backbone with group norm, RPN, box and 28x28 mask heads) from
-scratch, then evaluates it COCO-style (box and mask AP) on a held-out set and writes
-ground_truth.json, detections.json, evaluation.json, predictions.png and model.pt to --out.
-Started with `mpiexec -n N`, it trains data-parallel on N ranks: each rank takes its own batches
-of similar-sized images, and gradients are averaged before each step, so the global batch is
-N x --batch-size.
+using examples::at_least;
 
-Data
-  --dataset NAME            shapes (default): generated circles, squares and triangles; or coco
-  --shapes-train N          shapes: training images (default 20000)
-  --shapes-val N            shapes: held-out evaluation images (default 200)
-  --shapes-size MIN,MAX     shapes: image sides in [MIN, MAX] (default 64,96)
-  --train-annotations FILE  coco: instances file for training (e.g. instances_train2017.json)
-  --train-images DIR        coco: its image folder (e.g. train2017)
-  --val-annotations FILE    coco: instances file for evaluation (e.g. instances_val2017.json)
-  --val-images DIR          coco: its image folder (e.g. val2017)
-  --min-size N              coco: resize the shorter image side to N (default 800) ...
-  --max-size N              ... unless the longer side would exceed N (default 1333)
-  --flip                    random horizontal flips (always on for coco)
-
-Training
-  --model NAME              tiny (default), small, resnet18, resnet34
-  --norm NAME               after the backbone's and the mask head's convolutions: group
-                            (default), batch (each rank's own statistics) or syncbn (batch
-                            norm over every rank's batch, dtrain::SyncBatchNorm)
-  --iterations N            global steps (default 1200)
-  --batch-size N            images per step on each rank (default 2)
-  --lr X                    SGD learning rate for the global batch (default 0.02); a linear
-                            warmup from X/100, then X/10 at 3/4 and X/100 at 11/12 of the run
-  --warmup-iterations N     (default 100)
-  --momentum X              (default 0.9)
-  --weight-decay X          (default 1e-4)
-  --no-shuffle              batches in size order, the same on every run (for comparisons)
-  --seed N                  seed of the weights, the data order, the shapes (default 1)
-  --threads N               intra-op threads per rank (default 0: cores / ranks on the host)
-  --device NAME             cpu (default) or cuda: each rank on GPU (local rank mod GPUs)
-  --log-every N             a progress line every N iterations (default 50)
-
-Evaluation and output
-  --out DIR                 output folder (default mask_rcnn_output)
-  --eval-images N           evaluate on the first N images of the evaluation set (default: all)
-  --png-images N            evaluation images drawn into predictions.png (default 8)
-  --no-eval                 train and save the checkpoint only
-  --eval-only               evaluate --checkpoint FILE instead of training
-  --checkpoint FILE         a model.pt written by this program
-  --smoke                   a quick check: 40 iterations on 200 small images, then evaluation
-                            on 16 (other flags still apply)
-  --help                    print this text
-)";
+void add_data_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--dataset", o.dataset,
+                 "shapes: generated circles, squares and triangles; or coco")
+      ->check(CLI::IsMember({"shapes", "coco"}));
+  app.add_option("--shapes-train", o.shapes_train, "shapes: training images")
+      ->check(at_least<std::int64_t>(1));
+  app.add_option("--shapes-val", o.shapes_val, "shapes: held-out evaluation images")
+      ->check(at_least<std::int64_t>(1));
+  app.add_option("--shapes-size", o.shapes_size, "shapes: image sides in [MIN, MAX]")
+      ->delimiter(',')
+      ->type_name("MIN,MAX")
+      ->default_str("64,96")
+      ->check(at_least<std::int64_t>(32));
+  app.add_option("--train-annotations", o.train_annotations,
+                 "coco: instances file for training (e.g. instances_train2017.json)")
+      ->type_name("FILE");
+  app.add_option("--train-images", o.train_images, "coco: its image folder (e.g. train2017)")
+      ->type_name("DIR");
+  app.add_option("--val-annotations", o.val_annotations,
+                 "coco: instances file for evaluation (e.g. instances_val2017.json)")
+      ->type_name("FILE");
+  app.add_option("--val-images", o.val_images, "coco: its image folder (e.g. val2017)")
+      ->type_name("DIR");
+  app.add_option("--min-size", o.min_size, "coco: resize the shorter image side to N ...")
+      ->check(at_least<std::int64_t>(0));
+  app.add_option("--max-size", o.max_size, "... unless the longer side would exceed N")
+      ->check(at_least<std::int64_t>(0));
+  app.add_flag("--flip", o.flip, "random horizontal flips (always on for coco)");
 }
 
-TrainOptions parse_options(const std::vector<std::string>& args) {
-  using namespace examples;  // the setters of common/command_line.hpp
-  TrainOptions o;
-  const double huge = std::numeric_limits<double>::infinity();
-  const std::map<std::string, Setter> with_value = {
-      {"dataset", one_of(o.dataset, {"shapes", "coco"})},
-      {"train-annotations", text(o.train_annotations)},
-      {"train-images", text(o.train_images)},
-      {"val-annotations", text(o.val_annotations)},
-      {"val-images", text(o.val_images)},
-      {"min-size", integer(o.min_size, 0)},
-      {"max-size", integer(o.max_size, 0)},
-      {"shapes-train", integer(o.shapes_train, 1)},
-      {"shapes-val", integer(o.shapes_val, 1)},
-      {"shapes-size",
-       [&o](const std::string& flag, const std::string& value) {
-         const auto comma = value.find(',');
-         require(comma != std::string::npos, flag, "MIN,MAX", value);
-         o.shapes_min_side = parse_number<std::int64_t>(flag, value.substr(0, comma));
-         o.shapes_max_side = parse_number<std::int64_t>(flag, value.substr(comma + 1));
-         require(o.shapes_min_side >= 32 && o.shapes_max_side >= o.shapes_min_side, flag,
-                 "MIN,MAX with 32 <= MIN <= MAX", value);
-       }},
-      {"model", text(o.model)},
-      {"norm", one_of(o.norm, {"group", "batch", "syncbn"})},
-      {"iterations", integer(o.iterations, 1)},
-      {"batch-size", integer(o.batch_size, 1)},
-      {"lr", positive(o.lr)},
-      {"warmup-iterations", integer(o.warmup_iterations, 0)},
-      {"momentum", real(o.momentum, 0.0, 1.0, "in [0, 1)")},
-      {"weight-decay", real(o.weight_decay, 0.0, huge, ">= 0")},
-      {"seed",
-       [&o](const std::string& flag, const std::string& value) {
-         o.seed = parse_number<std::uint64_t>(flag, value);
-       }},
-      {"threads", integer(o.threads, 0)},
-      {"device", one_of(o.device, {"cpu", "cuda"})},
-      {"log-every", integer(o.log_every, 1)},
-      {"out", text(o.out)},
-      {"eval-images", integer(o.eval_images, 0)},
-      {"png-images", integer(o.png_images, 0)},
-      {"checkpoint", text(o.checkpoint)},
+void add_training_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--model", o.model, "the backbone's size, smallest first")
+      ->check(CLI::IsMember(preset_names()));
+  examples::add_enum_option(app, "--norm", o.norm,
+                            {{"group", Norm::group},
+                             {"batch", Norm::batch},
+                             {"syncbn", Norm::sync_batch}},
+                            "after the backbone's and the mask head's convolutions: batch uses "
+                            "each rank's own statistics, syncbn those of every rank's batch "
+                            "(dtrain::SyncBatchNorm)");
+  app.add_option("--iterations", o.iterations, "global steps")->check(at_least<std::int64_t>(1));
+  app.add_option("--batch-size", o.batch_size, "images per step on each rank")
+      ->check(at_least<std::int64_t>(1));
+  app.add_option("--lr", o.lr,
+                 "SGD learning rate for the global batch; a linear warmup from X/100, then X/10 "
+                 "at 3/4 and X/100 at 11/12 of the run")
+      ->check(examples::positive());
+  app.add_option("--warmup-iterations", o.warmup_iterations, "steps of the warmup")
+      ->check(at_least<std::int64_t>(0));
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(examples::fraction());
+  app.add_option("--weight-decay", o.weight_decay, "L2 penalty")->check(examples::non_negative());
+  app.add_flag_callback("--no-shuffle", [&o] { o.shuffle = false; },
+                        "batches in size order, the same on every run (for comparisons)");
+  app.add_option("--seed", o.seed, "seed of the weights, the data order, the shapes")
+      ->check(examples::number<std::uint64_t>(">= 0", [](std::uint64_t) { return true; }));
+  app.add_option("--threads", o.threads,
+                 "intra-op threads per rank (0: the host's cores / ranks on the host)")
+      ->check(at_least<std::int64_t>(0));
+  examples::add_enum_option(app, "--device", o.device,
+                            {{"cpu", c10::DeviceType::CPU}, {"cuda", c10::DeviceType::CUDA}},
+                            "cuda: each rank on a GPU (local rank mod GPUs)");
+  app.add_option("--log-every", o.log_every, "a progress line every N iterations")
+      ->check(at_least<std::int64_t>(1));
+}
+
+void add_output_options(CLI::App& app, TrainOptions& o) {
+  app.add_option("--out", o.out, "output folder")->type_name("DIR");
+  app.add_option("--eval-images", o.eval_images,
+                 "evaluate on the first N images of the evaluation set (0: all)")
+      ->check(at_least<std::int64_t>(0));
+  app.add_option("--png-images", o.png_images, "evaluation images drawn into predictions.png")
+      ->check(at_least<std::int64_t>(0));
+  app.add_flag_callback("--no-eval", [&o] { o.evaluate = false; },
+                        "train and save the checkpoint only");
+  auto* checkpoint =
+      app.add_option("--checkpoint", o.checkpoint, "a model.pt written by this program")
+          ->check(CLI::ExistingFile);
+  app.add_flag("--eval-only", o.eval_only, "evaluate --checkpoint instead of training")
+      ->needs(checkpoint);
+  app.add_flag("--smoke", o.smoke,
+               "a quick check: 40 iterations on 200 small images, then evaluation on 16 (the "
+               "flags given still apply)");
+}
+
+// --smoke's defaults, for the flags not given.
+void apply_smoke_defaults(const CLI::App& app, TrainOptions& o) {
+  const auto fallback = [&app](const char* flag, std::int64_t& field, std::int64_t value) {
+    if (app.count(flag) == 0) field = value;
   };
-  bool no_shuffle = false, no_eval = false;
-  const std::map<std::string, bool*> switches = {{"flip", &o.flip},
-                                                 {"no-shuffle", &no_shuffle},
-                                                 {"no-eval", &no_eval},
-                                                 {"eval-only", &o.eval_only},
-                                                 {"smoke", &o.smoke},
-                                                 {"help", &o.help}};
-
-  const std::set<std::string> given = examples::parse_flags(args, with_value, switches);
-  o.shuffle = !no_shuffle;
-  o.evaluate = !no_eval;
-  if (o.smoke) {
-    auto fallback = [&given](const char* flag, auto& field, auto value) {
-      if (!given.count(flag)) field = value;
-    };
-    fallback("iterations", o.iterations, std::int64_t{40});
-    fallback("shapes-train", o.shapes_train, std::int64_t{200});
-    fallback("shapes-val", o.shapes_val, std::int64_t{16});
-    fallback("eval-images", o.eval_images, std::int64_t{16});
-    fallback("batch-size", o.batch_size, std::int64_t{2});
-    fallback("warmup-iterations", o.warmup_iterations, std::int64_t{10});
-    fallback("log-every", o.log_every, std::int64_t{5});
-    fallback("png-images", o.png_images, std::int64_t{4});
-    if (!given.count("shapes-size")) {
-      o.shapes_min_side = 64;
-      o.shapes_max_side = 96;
-    }
-  }
-  if (o.dataset == "coco") {
-    o.flip = true;
-    const bool training = !o.eval_only;
-    for (const auto& [flag, field] : std::vector<std::pair<std::string, const std::string*>>{
-             {"train-annotations", &o.train_annotations},
-             {"train-images", &o.train_images},
-             {"val-annotations", &o.val_annotations},
-             {"val-images", &o.val_images}}) {
-      const bool needed = flag.rfind("val", 0) == 0 ? (o.evaluate || o.eval_only) : training;
-      if (needed && field->empty()) throw UsageError("--dataset coco needs --" + flag);
-    }
-  }
-  if (o.eval_only && o.checkpoint.empty()) {
-    throw UsageError("--eval-only needs --checkpoint FILE (a model.pt this program wrote)");
-  }
-  if (o.shapes_max_side < o.shapes_min_side) {
-    throw UsageError("--shapes-size: MAX must be >= MIN");
-  }
-  return o;
+  fallback("--iterations", o.iterations, 40);
+  fallback("--shapes-train", o.shapes_train, 200);
+  fallback("--shapes-val", o.shapes_val, 16);
+  fallback("--eval-images", o.eval_images, 16);
+  fallback("--warmup-iterations", o.warmup_iterations, 10);
+  fallback("--log-every", o.log_every, 5);
+  fallback("--png-images", o.png_images, 4);
 }
 
-TrainOptions parse_options(int argc, const char* const* argv) {
-  return parse_options(examples::arguments(argc, argv));
+void check_coco(TrainOptions& o) {
+  o.flip = true;
+  const std::pair<const char*, const std::string*> files[] = {
+      {"--train-annotations", &o.train_annotations},
+      {"--train-images", &o.train_images},
+      {"--val-annotations", &o.val_annotations},
+      {"--val-images", &o.val_images}};
+  for (const auto& [flag, field] : files) {
+    const bool for_training = std::string(flag).rfind("--train", 0) == 0;
+    const bool needed = for_training ? !o.eval_only : o.evaluate || o.eval_only;
+    if (needed && field->empty())
+      throw CLI::ValidationError(std::string("--dataset coco needs ") + flag);
+  }
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, TrainOptions& o) {
+  examples::describe_program(
+      app,
+      "Trains Mask R-CNN (ResNet-FPN backbone, RPN, box and 28x28 mask heads) from scratch, then "
+      "evaluates it COCO-style (box and mask AP) on a held-out set and writes ground_truth.json, "
+      "detections.json, evaluation.json, predictions.png and model.pt to --out. Started with "
+      "`mpiexec -n N`, it trains data-parallel on N ranks, each taking its own batches of "
+      "similar-sized images; the global batch is N x --batch-size.");
+  add_data_options(app, o);
+  add_training_options(app, o);
+  add_output_options(app, o);
+  app.callback([&app, &o] {
+    if (o.smoke) apply_smoke_defaults(app, o);
+    if (o.shapes_size.second < o.shapes_size.first)
+      throw CLI::ValidationError("--shapes-size", "MAX must be >= MIN");
+    if (o.dataset == "coco") check_coco(o);
+  });
+}
+
+TrainOptions parse_options(std::vector<std::string> args) {
+  TrainOptions options;
+  CLI::App app("", "mask_rcnn_train");
+  add_options(app, options);
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  app.parse(args);
+  return options;
 }
 
 double learning_rate(const TrainOptions& o, std::int64_t iteration) {

@@ -1,17 +1,18 @@
 #pragma once
-// Command-line options of the Mask R-CNN trainer, and its learning-rate schedule. Free of libtorch
-// so that parsing is cheap to test.
+// Command-line options of the Mask R-CNN trainer, each flag declared once on a CLI::App with what
+// it accepts, and its learning-rate schedule.
+
+#include <CLI/CLI.hpp>
+#include <c10/core/DeviceType.h>
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "common/command_line.hpp"
+#include "backbone.hpp"  // Norm
 
 namespace mask_rcnn {
-
-// A flag the trainer does not accept, or a value it cannot use.
-using examples::UsageError;
 
 struct TrainOptions {
   std::string dataset = "shapes";  // shapes | coco
@@ -22,22 +23,21 @@ struct TrainOptions {
   std::int64_t max_size = 1333;  // coco: longer image side at most
   std::int64_t shapes_train = 20000;  // shapes: training images (a set fixed by --seed)
   std::int64_t shapes_val = 200;      // shapes: held-out images (another seed)
-  std::int64_t shapes_min_side = 64;
-  std::int64_t shapes_max_side = 96;
+  std::pair<std::int64_t, std::int64_t> shapes_size{64, 96};  // shapes: sides in [first, second]
 
   std::string model = "tiny";
-  std::string norm = "group";      // group | batch | syncbn (backbone and mask head)
+  Norm norm = Norm::group;         // backbone and mask head
   std::int64_t iterations = 1200;  // global steps
   std::int64_t batch_size = 2;     // images per step on each rank
   double lr = 0.02;                // for the global batch (ranks x --batch-size images)
   double momentum = 0.9;
   double weight_decay = 1e-4;
   std::int64_t warmup_iterations = 100;
-  bool flip = false;               // random horizontal flips (default on for coco)
+  bool flip = false;               // random horizontal flips (always on for coco)
   bool shuffle = true;
   std::uint64_t seed = 1;
   std::int64_t threads = 0;        // 0: the host's cores / ranks on the host
-  std::string device = "cpu";      // cpu | cuda
+  c10::DeviceType device = c10::DeviceType::CPU;
 
   std::string out = "mask_rcnn_output";
   std::string checkpoint;          // --eval-only: the checkpoint to evaluate
@@ -46,18 +46,17 @@ struct TrainOptions {
   std::int64_t eval_images = 0;    // 0: the whole evaluation set
   std::int64_t png_images = 8;     // validation images drawn into predictions.png
   std::int64_t log_every = 50;
-  bool smoke = false;
-  bool help = false;
+  bool smoke = false;              // small defaults for the flags not given
 };
 
-// The usage text, `program` being argv[0].
-std::string usage(const std::string& program);
+// Declares every flag on `app`, each writing its field of `options`, and what app.parse() does
+// after them: --smoke's defaults under the flags given, and the checks that involve more than one
+// flag (a refused command line throws a CLI::ParseError).
+void add_options(CLI::App& app, TrainOptions& options);
 
-// Accepts `--flag value` and `--flag=value`. --smoke sets small defaults (a few dozen iterations
-// on a few hundred generated images) that explicit flags still override. Throws UsageError
-// naming the flag and what it accepts.
-TrainOptions parse_options(const std::vector<std::string>& args);
-TrainOptions parse_options(int argc, const char* const* argv);
+// Parses `args` (without the program name) as mask_rcnn_train would. Throws CLI::ParseError, and
+// CLI::CallForHelp for --help.
+TrainOptions parse_options(std::vector<std::string> args);
 
 // The learning rate at a step: a linear ramp from lr / 100 to lr over the warmup, then lr
 // divided by 10 at 3/4 and again at 11/12 of the run (Detectron's schedule, scaled to its length).

@@ -26,12 +26,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "coco_dataset.hpp"
+#include "common/cli.hpp"
 #include "coco_format.hpp"
 #include "model.hpp"
 #include "options.hpp"
@@ -71,7 +73,8 @@ struct Data {
 Data load_data(const TrainOptions& o) {
   Data d;
   if (o.dataset == "shapes") {
-    ShapesOptions shapes{.min_side = o.shapes_min_side, .max_side = o.shapes_max_side};
+    const auto [min_side, max_side] = o.shapes_size;
+    ShapesOptions shapes{.min_side = min_side, .max_side = max_side};
     if (!o.eval_only) {
       shapes.count = o.shapes_train;
       shapes.seed = o.seed;
@@ -81,7 +84,7 @@ Data load_data(const TrainOptions& o) {
     shapes.count = o.shapes_val;
     shapes.seed = mix(o.seed, 0x76616c);
     d.val = std::make_unique<ShapesDataset>(shapes);
-    d.description = fmt::format("shapes ({}-{} px)", o.shapes_min_side, o.shapes_max_side);
+    d.description = fmt::format("shapes ({}-{} px)", min_side, max_side);
     return d;
   }
   if (!o.eval_only) {
@@ -104,6 +107,99 @@ InstanceTargets targets_on(const DetectionSample& s, const torch::Device& device
   t.masks = s.targets.masks.to(device);
   t.sampling_seed = seed;
   return t;
+}
+
+// One step's images and targets on the device: index's sample flipped or not by its seed, which
+// also fixes the sampling of its regions.
+struct StepBatch {
+  ImageBatch images;
+  std::vector<InstanceTargets> targets;
+};
+
+StepBatch load_batch(const DetectionDataset& data, const std::vector<std::int64_t>& indices,
+                     const TrainOptions& o, std::int64_t iteration, const torch::Device& device) {
+  StepBatch batch;
+  std::vector<torch::Tensor> images;
+  for (const auto index : indices) {
+    const auto seed = mix(mix(o.seed, static_cast<std::uint64_t>(iteration)),
+                          static_cast<std::uint64_t>(index));
+    auto sample = data.get(index);
+    if (o.flip && (seed >> 63) != 0) sample = flip_horizontal(std::move(sample));
+    images.push_back(sample.image.to(device));
+    batch.targets.push_back(targets_on(sample, device, seed));
+  }
+  batch.images = make_batch(images);
+  return batch;
+}
+
+// The step's loss terms (in loss_names' order; undefined where no rank had an example of one)
+// and their total.
+struct StepLosses {
+  torch::Tensor total;
+  std::vector<torch::Tensor> terms;
+};
+
+// One optimizer step at rate `lr`, phase by phase for the profiler.
+template <class Optimizer>
+StepLosses train_step(MaskRcnn& model, const StepBatch& batch, Optimizer& optimizer,
+                      torch::optim::SGD& sgd, double lr, dtrain::Profiler& profiler) {
+  StepLosses step{torch::Tensor(), std::vector<torch::Tensor>(std::size(loss_names))};
+  {
+    auto phase = profiler.phase(dtrain::Phase::forward);
+    optimizer.zero_grad();
+    Losses losses = model->losses(batch.images, batch.targets);
+    // dtrain: each loss is its sum divided by the number of examples in the whole global batch,
+    // counted over all ranks (Note [Losses over the global batch] in detection.hpp).
+    std::vector<double> counts;
+    for (const char* name : loss_names) counts.push_back(losses.at(name).count);
+    dtrain::allreduce(counts, {.name = "mask_rcnn.loss_counts"});
+    step.total = torch::zeros({}, batch.images.images.options());
+    for (std::size_t k = 0; k < counts.size(); ++k) {
+      if (counts[k] <= 0) continue;
+      step.terms[k] = losses.at(loss_names[k]).sum / counts[k];
+      step.total = step.total + step.terms[k];
+    }
+  }
+  {
+    auto phase = profiler.phase(dtrain::Phase::backward);
+    step.total.backward();
+  }
+  {
+    auto phase = profiler.phase(dtrain::Phase::communication_wait);
+    optimizer.synchronize();  // dtrain: the gradients' allreduces still running after backward
+  }
+  {
+    auto phase = profiler.phase(dtrain::Phase::optimizer);
+    auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
+    dtrain::set_learning_rate(sgd, lr);
+    optimizer.step();
+  }
+  return step;
+}
+
+// The progress line after `iteration` of a run started at `start`, from the losses averaged over
+// the ranks since the last one. Stops the run when the loss is no longer finite.
+void log_progress(const TrainOptions& o, std::int64_t iteration, Clock::time_point start,
+                  const std::map<std::string, double>& average, double images_per_second,
+                  bool report) {
+  if (!std::isfinite(average.at("loss"))) {
+    throw std::runtime_error(fmt::format(
+        "the loss is {} at iteration {}: training diverged; try a lower --lr (now {}) or a "
+        "longer --warmup-iterations (now {})",
+        average.at("loss"), iteration + 1, o.lr, o.warmup_iterations));
+  }
+  if (!report) return;
+  const double elapsed = seconds_since(start);
+  const double left = elapsed / static_cast<double>(iteration + 1) *
+                      static_cast<double>(o.iterations - iteration - 1);
+  fmt::print(
+      "iter {:>5}/{}  loss {:.4f}  rpn_obj {:.4f} rpn_box {:.4f} cls {:.4f} box {:.4f} mask "
+      "{:.4f}  lr {:.5f}  {:6.1f} img/s  {} left\n",
+      iteration + 1, o.iterations, average.at("loss"), average.at("rpn_objectness"),
+      average.at("rpn_box"), average.at("box_class"), average.at("box_regression"),
+      average.count("mask") ? average.at("mask") : 0.0, learning_rate(o, iteration),
+      images_per_second, minutes_and_seconds(left));
+  std::fflush(stdout);
 }
 
 void train(MaskRcnn& model, const DetectionDataset& data, const TrainOptions& o,
@@ -146,78 +242,22 @@ void train(MaskRcnn& model, const DetectionDataset& data, const TrainOptions& o,
     const auto& indices = sampler.batches()[static_cast<std::size_t>(it % steps_per_epoch)];
     // dtrain: one step, phase by phase
     auto profiled_step = profiler.step(static_cast<std::int64_t>(indices.size()));
-    ImageBatch batch;
-    std::vector<InstanceTargets> targets;
+    StepBatch batch;
     {
       auto phase = profiler.phase(dtrain::Phase::data);
-      std::vector<torch::Tensor> images;
-      for (const auto index : indices) {
-        const auto seed = mix(mix(o.seed, static_cast<std::uint64_t>(it)), static_cast<std::uint64_t>(index));
-        auto sample = data.get(index);
-        if (o.flip && (seed >> 63) != 0) sample = flip_horizontal(std::move(sample));
-        images.push_back(sample.image.to(device));
-        targets.push_back(targets_on(sample, device, seed));
-      }
-      batch = make_batch(images);
+      batch = load_batch(data, indices, o, it, device);
     }
-    torch::Tensor total;
-    std::vector<torch::Tensor> terms(std::size(loss_names));
-    {
-      auto phase = profiler.phase(dtrain::Phase::forward);
-      optimizer.zero_grad();
-      Losses losses = model->losses(batch, targets);
-      // dtrain: each loss is its sum divided by the number of examples in the whole global batch,
-      // counted over all ranks (Note [Losses over the global batch] in detection.hpp).
-      std::vector<double> counts;
-      for (const char* name : loss_names) counts.push_back(losses.at(name).count);
-      dtrain::allreduce(counts, {.name = "mask_rcnn.loss_counts"});
-      total = torch::zeros({}, batch.images.options());
-      for (std::size_t k = 0; k < counts.size(); ++k) {
-        if (counts[k] <= 0) continue;
-        terms[k] = losses.at(loss_names[k]).sum / counts[k];
-        total = total + terms[k];
-      }
-    }
-    {
-      auto phase = profiler.phase(dtrain::Phase::backward);
-      total.backward();
-    }
-    {
-      auto phase = profiler.phase(dtrain::Phase::communication_wait);
-      optimizer.synchronize();  // dtrain: the gradients' allreduces still running after backward
-    }
-    {
-      auto phase = profiler.phase(dtrain::Phase::optimizer);
-      auto synchronized = optimizer.skip_synchronize();  // dtrain: already averaged above
-      dtrain::set_learning_rate(sgd, learning_rate(o, it));
-      optimizer.step();
-    }
-    for (std::size_t k = 0; k < terms.size(); ++k)
-      if (terms[k].defined()) metrics.add(loss_names[k], terms[k].item<double>());
-    metrics.add("loss", total.item<double>());
+    const StepLosses losses =
+        train_step(model, batch, optimizer, sgd, learning_rate(o, it), profiler);
+    for (std::size_t k = 0; k < losses.terms.size(); ++k)
+      if (losses.terms[k].defined()) metrics.add(loss_names[k], losses.terms[k].item<double>());
+    metrics.add("loss", losses.total.item<double>());
     throughput.add_samples(static_cast<std::int64_t>(indices.size()));
 
     if ((it + 1) % o.log_every == 0 || it + 1 == o.iterations) {
       const auto speed = throughput.end_epoch();
-      const auto average = metrics.average();  // dtrain: collective, every rank calls it
-      if (!std::isfinite(average.at("loss"))) {
-        throw std::runtime_error(fmt::format(
-            "the loss is {} at iteration {}: training diverged; try a lower --lr (now {}) or a "
-            "longer --warmup-iterations (now {})",
-            average.at("loss"), it + 1, o.lr, o.warmup_iterations));
-      }
-      if (report) {
-        const double elapsed = seconds_since(start);
-        const double left = elapsed / static_cast<double>(it + 1) * static_cast<double>(o.iterations - it - 1);
-        fmt::print(
-            "iter {:>5}/{}  loss {:.4f}  rpn_obj {:.4f} rpn_box {:.4f} cls {:.4f} box {:.4f} mask "
-            "{:.4f}  lr {:.5f}  {:6.1f} img/s  {} left\n",
-            it + 1, o.iterations, average.at("loss"), average.at("rpn_objectness"),
-            average.at("rpn_box"), average.at("box_class"), average.at("box_regression"),
-            average.count("mask") ? average.at("mask") : 0.0, learning_rate(o, it),
-            speed.samples_per_second, minutes_and_seconds(left));
-        std::fflush(stdout);
-      }
+      // dtrain: collective, every rank calls it
+      log_progress(o, it, start, metrics.average(), speed.samples_per_second, report);
       throughput.start_epoch();
     }
   }
@@ -311,41 +351,40 @@ void evaluate(MaskRcnn& model, const DetectionDataset& data, const TrainOptions&
   std::fflush(stdout);
 }
 
-int run(const TrainOptions& o) {
-  const bool is_root = dtrain::rank() == 0;  // dtrain: one rank prints and writes files
-  // dtrain: ranks on one host share its cores instead of each starting one thread per core.
+// dtrain: ranks on one host share its cores instead of each starting one thread per core; with
+// GPUs, each rank on a host takes its own, by local rank.
+torch::Device place_this_rank(const TrainOptions& o, std::int64_t& threads) {
   const auto cores = std::max<std::int64_t>(1, std::thread::hardware_concurrency());
-  const auto threads = o.threads > 0 ? o.threads : std::max<std::int64_t>(1, cores / dtrain::local_size());
+  threads = o.threads > 0 ? o.threads : std::max<std::int64_t>(1, cores / dtrain::local_size());
   torch::set_num_threads(static_cast<int>(threads));
-  torch::Device device(torch::kCPU);
-  if (o.device == "cuda") {
-    if (!torch::cuda::is_available()) {
-      throw UsageError("--device cuda: no CUDA device is visible to this process, or libtorch was "
-                       "built without CUDA");
-    }
-    // dtrain: with GPUs, each rank on a host takes its own, by local rank.
-    device = torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(
-                                             dtrain::local_rank() % torch::cuda::device_count()));
+  if (o.device != torch::kCUDA) return torch::Device(torch::kCPU);
+  if (!torch::cuda::is_available()) {
+    throw CLI::ValidationError("--device", "cuda: no CUDA device is visible to this process, or "
+                                           "libtorch was built without CUDA");
   }
-  const fs::path out = o.out;
+  return torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(
+                                         dtrain::local_rank() % torch::cuda::device_count()));
+}
 
-  const auto load_start = Clock::now();
-  const Data data = load_data(o);
-  const auto& categories = (data.train ? data.train : data.val)->categories();
-
+// --eval-only: the checkpoint, which must know the evaluation set's categories; otherwise a new
+// model of --model for them. Every rank starts from rank 0's weights.
+MaskRcnn build_model(const TrainOptions& o, const std::vector<Category>& categories,
+                     const torch::Device& device, CheckpointInfo& info) {
   MaskRcnn model{nullptr};
-  CheckpointInfo info;
   if (o.eval_only) {
     model = load_checkpoint(o.checkpoint, info);
     std::vector<std::int64_t> ids;
     for (const auto& c : categories) ids.push_back(c.id);
     if (ids != info.category_ids) {
-      throw UsageError(fmt::format("{} was trained on categories [{}], the evaluation set has [{}]",
-                                   o.checkpoint, fmt::join(info.category_ids, ", "), fmt::join(ids, ", ")));
+      throw CLI::ValidationError(
+          "--checkpoint", fmt::format("{} was trained on categories [{}], the evaluation set has "
+                                      "[{}]",
+                                      o.checkpoint, fmt::join(info.category_ids, ", "),
+                                      fmt::join(ids, ", ")));
     }
   } else {
     torch::manual_seed(o.seed);
-    info.norm = norm_from_name(o.norm);
+    info.norm = o.norm;
     model = MaskRcnn(
         preset_config(o.model, static_cast<std::int64_t>(categories.size()), info.norm));
     info.preset = o.model;
@@ -356,24 +395,42 @@ int run(const TrainOptions& o) {
   }
   dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
   model->to(device);
+  return model;
+}
 
-  if (is_root) {
-    std::int64_t parameters = 0;
-    for (const auto& p : model->parameters()) parameters += p.numel();
-    fmt::print(
-        "mask r-cnn {} ({:.2f} M parameters{}) on {}: {} train / {} eval images, {} classes; {} "
-        "ranks x batch {} = {} images per step, {} iterations, lr {}; {} thread{} per rank on {}; "
-        "data ready in {:.1f} s\n",
-        info.preset, static_cast<double>(parameters) / 1e6,
-        info.norm == Norm::group ? std::string() : ", " + norm_name(info.norm) + " norm",
-        data.description,
-        data.train ? data.train->size() : 0,
-        data.val ? (o.eval_images > 0 ? std::min(o.eval_images, data.val->size()) : data.val->size()) : 0,
-        categories.size(), dtrain::size(), o.batch_size, o.batch_size * dtrain::size(),
-        o.eval_only ? 0 : o.iterations, o.lr, threads, threads == 1 ? "" : "s", device.str(),
-        seconds_since(load_start));
-    std::fflush(stdout);
-  }
+void print_header(const TrainOptions& o, const Data& data, const MaskRcnn& model,
+                  const CheckpointInfo& info, std::int64_t threads, const torch::Device& device,
+                  double load_seconds) {
+  const auto& categories = (data.train ? data.train : data.val)->categories();
+  std::int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  const auto eval_images =
+      data.val ? (o.eval_images > 0 ? std::min(o.eval_images, data.val->size()) : data.val->size())
+               : 0;
+  fmt::print(
+      "mask r-cnn {} ({:.2f} M parameters{}) on {}: {} train / {} eval images, {} classes; {} "
+      "ranks x batch {} = {} images per step, {} iterations, lr {}; {} thread{} per rank on {}; "
+      "data ready in {:.1f} s\n",
+      info.preset, static_cast<double>(parameters) / 1e6,
+      info.norm == Norm::group ? std::string() : ", " + norm_name(info.norm) + " norm",
+      data.description, data.train ? data.train->size() : 0, eval_images, categories.size(),
+      dtrain::size(), o.batch_size, o.batch_size * dtrain::size(), o.eval_only ? 0 : o.iterations,
+      o.lr, threads, threads == 1 ? "" : "s", device.str(), load_seconds);
+  std::fflush(stdout);
+}
+
+int run(const TrainOptions& o) {
+  const bool is_root = dtrain::rank() == 0;  // dtrain: one rank prints and writes files
+  std::int64_t threads = 1;
+  const torch::Device device = place_this_rank(o, threads);
+  const fs::path out = o.out;
+
+  const auto load_start = Clock::now();
+  const Data data = load_data(o);
+  CheckpointInfo info;
+  MaskRcnn model =
+      build_model(o, (data.train ? data.train : data.val)->categories(), device, info);
+  if (is_root) print_header(o, data, model, info, threads, device, seconds_since(load_start));
 
   if (!o.eval_only) {
     train(model, *data.train, o, device, is_root);
@@ -395,18 +452,15 @@ int main(int argc, char** argv) {
       argc > 0 ? fs::path(argv[0]).filename().string() : std::string("mask_rcnn_train");
   try {
     dtrain::Session session(argc, argv);  // dtrain: start MPI and the engine; stop at scope exit
-    const bool is_root = dtrain::rank() == 0;
+    CLI::App app("", program);
+    TrainOptions options;
+    add_options(app, options);
     try {
-      const TrainOptions options = parse_options(argc, argv);
-      if (options.help) {
-        if (is_root) fmt::print("{}", usage(program));
-        return 0;
-      }
+      app.parse(argc, argv);
       return run(options);
-    } catch (const UsageError& e) {
+    } catch (const CLI::ParseError& e) {
       // Every rank parses the same flags, so every rank gets here and none waits for another.
-      if (is_root) fmt::print(stderr, "{}: {}\n\n{}", program, e.what(), usage(program));
-      return 2;
+      return examples::refused_command_line(app, e, dtrain::rank() == 0);
     } catch (const std::exception& e) {
       fmt::print(stderr, "{}: error on rank {}: {}\n", program, dtrain::rank(), e.what());
       // A failure on one rank (a file it cannot read, say) would leave the others waiting in

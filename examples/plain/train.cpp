@@ -16,9 +16,6 @@
 // train like one process with batch N·b. With --checkpoint-dir, a job that is killed and started
 // again with --resume ends with exactly the weights of a job that was never interrupted.
 #include <algorithm>
-#include <charconv>
-#include <chrono>
-#include <csignal>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -29,13 +26,13 @@
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "common/cli.hpp"
+#include "common/testing_hooks.hpp"
 #include "dtrain/dtrain.hpp"
 
 namespace {
@@ -56,109 +53,53 @@ struct Options {
   std::int64_t checkpoint_every = 0; // steps between checkpoints; 0: at the end of each epoch only
   int keep_checkpoints = 3;
   bool resume = false;
-  int crash_rank = -1;               // testing restarts: this rank dies ...
-  std::int64_t crash_after_step = -1;  // ... with SIGKILL after this step, unless it resumed
   bool elastic = false;              // commits on each host, resizes by dtrainrun (train_elastic)
-  std::string record_samples;        // elastic, testing: a folder for each step's sample indices
-  std::int64_t stop_after_step = -1;  // elastic, testing: commit then and exit as for a resize
-  int step_delay_ms = 0;             // elastic, testing: a pause after each step
   std::string job_name;              // elastic: the job whose commits to resume; empty: dtrainrun's
   bool resume_other_job = false;     // elastic: resume the newest commit of any job
+  examples::TestingHooks testing;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  if (!problem.empty()) std::fprintf(stderr, "plain_train: %s\n", problem.c_str());
-  std::fprintf(stderr,
-               "usage: plain_train [--epochs N] [--batch-size N] [--lr X] [--warmup-epochs X]\n"
-               "                   [--momentum X] [--hidden N] [--samples N] [--seed N]\n"
-               "                   [--jitter X] [--checkpoint-dir DIR] [--checkpoint-every STEPS]\n"
-               "                   [--keep-checkpoints K] [--resume]\n"
-               "                   [--crash-rank R --crash-after-step N]\n"
-               "                   [--elastic [--job-name NAME] [--resume-other-job]\n"
-               "                              [--record-samples DIR] [--stop-after-step N]\n"
-               "                              [--step-delay-ms MS]]\n"
-               "--resume continues from the newest valid checkpoint in DIR, if there is one.\n"
-               "--crash-rank/--crash-after-step (for testing restarts) make rank R kill itself\n"
-               "with SIGKILL after step N, once the checkpoints before it are on disk; a run\n"
-               "that resumed from a checkpoint does not crash again.\n"
-               "--elastic trains under dtrainrun's elastic mode (docs/elastic.md): DIR is each\n"
-               "host's own folder ({host} is replaced by the host's name), committed every\n"
-               "--checkpoint-every steps and at each epoch's end; the newest commit any host\n"
-               "holds is resumed from; a resize asked by dtrainrun ends the world with 75.\n"
-               "Only this job's commits are resumed: those of this dtrainrun, or with\n"
-               "--job-name those of every run with that name; --resume-other-job resumes\n"
-               "the newest commit whoever wrote it.\n"
-               "Every epoch trains on every sample exactly once, whatever the world sizes.\n"
-               "--record-samples DIR (testing) appends each step's sample indices to\n"
-               "DIR/samples.g<generation>.r<rank>; --stop-after-step N (testing) commits after\n"
-               "step N and exits as a resize does; --step-delay-ms MS (testing) pauses after\n"
-               "each step, so that a test can change the hosts while the job trains.\n");
-  std::exit(2);
-}
-
-template <class T>
-T parse(std::string_view flag, std::string_view text) {
-  T value{};
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size())
-    usage(fmt::format("{} expects a number, got '{}'", flag, text));
-  return value;
-}
-
-Options parse_options(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view flag = argv[i];
-    if (flag == "--help" || flag == "-h") usage("");
-    if (flag == "--resume") {
-      o.resume = true;
-      continue;
-    }
-    if (flag == "--elastic") {
-      o.elastic = true;
-      continue;
-    }
-    if (flag == "--resume-other-job") {
-      o.resume_other_job = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage(fmt::format("{} needs a value", flag));
-    const std::string_view v = argv[++i];
-    if (flag == "--epochs") o.epochs = parse<int>(flag, v);
-    else if (flag == "--batch-size") o.batch_size = parse<int>(flag, v);
-    else if (flag == "--lr") o.lr = parse<double>(flag, v);
-    else if (flag == "--warmup-epochs") o.warmup_epochs = parse<double>(flag, v);
-    else if (flag == "--momentum") o.momentum = parse<double>(flag, v);
-    else if (flag == "--hidden") o.hidden = parse<int>(flag, v);
-    else if (flag == "--samples") o.samples = parse<int>(flag, v);
-    else if (flag == "--seed") o.seed = parse<std::uint64_t>(flag, v);
-    else if (flag == "--jitter") o.jitter = parse<double>(flag, v);
-    else if (flag == "--checkpoint-dir") o.checkpoint_dir = std::string(v);
-    else if (flag == "--checkpoint-every") o.checkpoint_every = parse<std::int64_t>(flag, v);
-    else if (flag == "--keep-checkpoints") o.keep_checkpoints = parse<int>(flag, v);
-    else if (flag == "--crash-rank") o.crash_rank = parse<int>(flag, v);
-    else if (flag == "--crash-after-step") o.crash_after_step = parse<std::int64_t>(flag, v);
-    else if (flag == "--record-samples") o.record_samples = std::string(v);
-    else if (flag == "--stop-after-step") o.stop_after_step = parse<std::int64_t>(flag, v);
-    else if (flag == "--step-delay-ms") o.step_delay_ms = parse<int>(flag, v);
-    else if (flag == "--job-name") o.job_name = std::string(v);
-    else usage(fmt::format("unknown option {}", flag));
-  }
-  if (o.checkpoint_dir.empty() && (o.resume || o.checkpoint_every != 0 || o.elastic))
-    usage("--resume, --checkpoint-every and --elastic need --checkpoint-dir");
-  if (!o.elastic && (!o.record_samples.empty() || o.stop_after_step >= 0 || o.step_delay_ms != 0 ||
-                     !o.job_name.empty() || o.resume_other_job))
-    usage("--record-samples, --stop-after-step, --step-delay-ms, --job-name and "
-          "--resume-other-job go with --elastic");
-  if (o.step_delay_ms < 0) usage("--step-delay-ms must be non-negative");
-  if (o.elastic && o.stop_after_step == 0) usage("--stop-after-step must be at least 1");
-  if (o.jitter < 0 || o.checkpoint_every < 0 || o.keep_checkpoints < 0)
-    usage("--jitter, --checkpoint-every and --keep-checkpoints must be non-negative");
-  if (o.epochs < 1 || o.batch_size < 1 || o.hidden < 1 || o.samples < 1 || !(o.lr > 0) ||
-      o.warmup_epochs < 0 || o.momentum < 0 || o.momentum >= 1)
-    usage("--epochs, --batch-size, --hidden, --samples and --lr must be positive, "
-          "--warmup-epochs non-negative and --momentum in [0, 1)");
-  return o;
+void add_options(CLI::App& app, Options& o) {
+  using examples::at_least;
+  examples::describe_program(
+      app, "Trains a small MLP on three interleaved spirals, data-parallel over the ranks of "
+           "mpiexec or dtrainrun, with no framework.");
+  app.add_option("--epochs", o.epochs, "training epochs")->check(at_least(1));
+  app.add_option("--batch-size", o.batch_size, "samples per step on each rank")->check(at_least(1));
+  app.add_option("--lr", o.lr, "one process's learning rate, scaled by the ranks after the warmup")
+      ->check(examples::positive());
+  app.add_option("--warmup-epochs", o.warmup_epochs, "epochs of the ramp to the scaled rate")
+      ->check(examples::non_negative());
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(examples::fraction());
+  app.add_option("--hidden", o.hidden, "units of the hidden layer")->check(at_least(1));
+  app.add_option("--samples", o.samples, "samples of the dataset")->check(at_least(1));
+  app.add_option("--seed", o.seed, "seed of the data, the weights and the order")
+      ->check(examples::number<std::uint64_t>(">= 0", [](std::uint64_t) { return true; }));
+  app.add_option("--jitter", o.jitter, "augmentation: uniform input noise of this amplitude")
+      ->check(examples::non_negative());
+  auto* dir = app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                             "checkpoint into DIR at the end of each epoch; with --elastic, each "
+                             "host's own folder ({host}: its name)")
+                  ->type_name("DIR");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "also every N steps (0: epoch ends only)")
+      ->check(at_least<std::int64_t>(0))
+      ->needs(dir);
+  app.add_option("--keep-checkpoints", o.keep_checkpoints, "keep the newest K (0: all)")
+      ->check(at_least(0));
+  app.add_flag("--resume", o.resume, "continue from the newest valid checkpoint in DIR, if any")
+      ->needs(dir);
+  auto* elastic = app.add_flag("--elastic", o.elastic,
+                               "train under dtrainrun's elastic mode (docs/elastic.md): resume "
+                               "the newest commit any host holds; a resize ends the world with "
+                               "75; every epoch trains on every sample exactly once")
+                      ->needs(dir);
+  app.add_option("--job-name", o.job_name,
+                 "resume the commits of every run with this name (default: this dtrainrun's)")
+      ->needs(elastic);
+  app.add_flag("--resume-other-job", o.resume_other_job,
+               "resume the newest commit whoever wrote it")
+      ->needs(elastic);
+  o.testing.add_flags(app, elastic);
 }
 
 // ---- data: three interleaved spirals -----------------------------------------------------------
@@ -406,34 +347,57 @@ struct StepRunner {
   }
 };
 
-// Appends each step's samples to DIR/samples.g<generation>.r<rank>, one line per step,
-// "<step> <epoch> <index>...", so that a test can check which samples every epoch saw.
-class SampleRecord {
- public:
-  SampleRecord(const std::string& folder, std::int64_t generation, int rank) {
-    if (folder.empty()) return;
-    const std::string path = fmt::format("{}/samples.g{}.r{}", folder, generation, rank);
-    file_ = std::fopen(path.c_str(), "a");
-    if (file_ == nullptr) throw std::runtime_error("plain_train: cannot open " + path);
-  }
-  SampleRecord(const SampleRecord&) = delete;
-  SampleRecord& operator=(const SampleRecord&) = delete;
-  ~SampleRecord() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-
-  void add(std::int64_t step, std::int64_t epoch, std::span<const std::int64_t> picked) {
-    if (file_ == nullptr) return;
-    std::string line = fmt::format("{} {}", step, epoch);
-    for (const auto i : picked) line += fmt::format(" {}", i);
-    line += '\n';
-    std::fputs(line.c_str(), file_);
-    std::fflush(file_);  // whole lines only, even when the process is killed
-  }
-
- private:
-  std::FILE* file_ = nullptr;
+// Where a run starts: after a resume, the step and epoch it continues from.
+struct StartingPoint {
+  std::int64_t step = 0;
+  std::int64_t first_epoch = 0;
+  bool resumed = false;
 };
+
+// dtrain: this job's newest commit any host holds, the sampler re-sharding the rest of its epoch
+// over this world.
+StartingPoint resume_from_commit(dtrain::elastic::State& elastic, Mlp& model, Sgd& sgd,
+                                 dtrain::DistributedSampler& sampler, std::int64_t n) {
+  auto restored = elastic.restore();
+  if (!restored) return {};
+  restored->load("model", model);
+  restored->load("optimizer", sgd);  // momentum intact across the resize
+  const auto position = restored->get<dtrain::SamplerState>("sampler");
+  sampler.load_state(position);
+  const StartingPoint start{restored->step(), position.epoch, true};
+  const int world = dtrain::size();
+  if (dtrain::rank() == 0)
+    fmt::print("resumed from the commit of step {}: epoch {}, sample {} of {} in it (committed "
+               "by {} ranks{})\n",
+               start.step, start.first_epoch + 1, position.position, n, restored->world_size(),
+               restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
+  return start;
+}
+
+// dtrain: the newest valid checkpoint in --checkpoint-dir (collective: rank 0 reads, every rank
+// loads), if there is one.
+StartingPoint resume_from_checkpoint(const Options& o, dtrain::Checkpoint& checkpoint, Mlp& model,
+                                     Sgd& sgd, std::mt19937_64& jitter_rng,
+                                     dtrain::DistributedSampler& sampler, std::int64_t n) {
+  auto restored = checkpoint.restore();
+  if (!restored) {
+    if (dtrain::rank() == 0) fmt::print("no checkpoint in {}: starting afresh\n", o.checkpoint_dir);
+    return {};
+  }
+  restored->load("model", model);
+  restored->load("optimizer", sgd);
+  if (o.jitter > 0) restored->load("jitter_rng", jitter_rng);
+  const auto position = restored->get<dtrain::SamplerState>("sampler");
+  sampler.load_state(position);
+  const StartingPoint start{restored->step(), position.epoch, true};
+  const int world = dtrain::size();
+  if (dtrain::rank() == 0)
+    fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it (saved by {} ranks{})\n",
+               restored->file(), start.step, start.first_epoch + 1, position.position, n,
+               restored->world_size(),
+               restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
+  return start;
+}
 
 // Elastic mode (docs/elastic.md): the job runs as a sequence of worlds that dtrainrun starts and
 // resizes. An epoch is every sample exactly once, whatever worlds it spans: the rest of the
@@ -455,21 +419,7 @@ int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
                                                       : dtrain::elastic::OtherJobCommits::skip});
   dtrain::DistributedSampler sampler(n, {.parts = world, .part = rank},
                                      {.shuffle = true, .seed = o.seed});
-  std::int64_t step = 0;
-  std::int64_t first_epoch = 0;
-  if (auto restored = elastic.restore()) {  // dtrain: this job's newest commit any host holds
-    restored->load("model", model);
-    restored->load("optimizer", sgd);  // momentum intact across the resize
-    const auto position = restored->get<dtrain::SamplerState>("sampler");
-    sampler.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
-    step = restored->step();
-    first_epoch = position.epoch;
-    if (rank == 0)
-      fmt::print("resumed from the commit of step {}: epoch {}, sample {} of {} in it (committed "
-                 "by {} ranks{})\n",
-                 step, first_epoch + 1, position.position, n, restored->world_size(),
-                 restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
-  }
+  auto [step, first_epoch, resumed] = resume_from_commit(elastic, model, sgd, sampler, n);
   const std::int64_t per_step = static_cast<std::int64_t>(world) * o.batch_size;
   // dtrain: the schedule of this world's size, read by epochs, which mean the same in every world.
   dtrain::LrScheduleOptions lr_options;
@@ -481,7 +431,6 @@ int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
   // Augmentation noise per rank, seeded afresh by each world: a commit holds no per-rank state.
   std::mt19937_64 jitter_rng(o.seed * 7919 + static_cast<std::uint64_t>(rank) +
                              1000003 * static_cast<std::uint64_t>(step));
-  SampleRecord record(o.record_samples, elastic.generation(), rank);
   if (rank == 0)
     fmt::print("generation {} training on {} ranks: {} samples, batch {} per rank ({} global), "
                "peak lr {}\n",
@@ -490,7 +439,7 @@ int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
   const auto commit = [&](std::int64_t epoch, const dtrain::SamplerState& position) {
     elastic.commit({.step = step, .epoch = epoch},
                    {{"model", model}, {"optimizer", sgd}, {"sampler", position}});
-    if (elastic.resize_requested() || step == o.stop_after_step) {  // dtrain: the same everywhere
+    if (elastic.resize_requested() || o.testing.stop_after(step)) {  // dtrain: the same everywhere
       if (rank == 0) {
         fmt::print("generation {}: committed step {}; leaving for the next world\n",
                    elastic.generation(), step);
@@ -523,9 +472,7 @@ int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
       const BatchResult r =
           steps.run(picked, static_cast<float>(world) / static_cast<float>(in_step), lr);
       ++step;
-      record.add(step, epoch, picked);
-      if (o.step_delay_ms > 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(o.step_delay_ms));
+      o.testing.after_elastic_step(elastic.generation(), rank, step, epoch, picked);
       const auto count = static_cast<double>(picked.size());
       metrics.add("loss", r.loss, count);
       metrics.add("accuracy", count > 0 ? r.correct / count : 0.0, count);
@@ -534,7 +481,7 @@ int train_elastic(const Options& o, const Dataset& data, Mlp& model, Sgd& sgd,
         fmt::print("generation {}: step {} done on {} ranks\n", elastic.generation(), step, world);
         std::fflush(stdout);
       }
-      if (b + 1 < epoch_steps && (elastic.commit_due(step) || step == o.stop_after_step))
+      if (b + 1 < epoch_steps && (elastic.commit_due(step) || o.testing.stop_after(step)))
         commit(epoch, sampler.state((b + 1) * o.batch_size));
     }
     const auto m = metrics.average();
@@ -592,31 +539,12 @@ int train(const Options& o) {
 
   // dtrain: checkpoints, and resuming from the newest valid one.
   std::optional<dtrain::Checkpoint> checkpoint;
-  std::int64_t step = 0;
-  std::int64_t first_epoch = 0;
-  bool resumed = false;
   if (!o.checkpoint_dir.empty())
     checkpoint.emplace(dtrain::CheckpointOptions{.directory = o.checkpoint_dir,
                                                  .keep_last = o.keep_checkpoints});
-  if (o.resume) {
-    if (auto restored = checkpoint->restore()) {  // collective: rank 0 reads, every rank loads
-      restored->load("model", model);
-      restored->load("optimizer", sgd);
-      if (o.jitter > 0) restored->load("jitter_rng", jitter_rng);
-      const auto position = restored->get<dtrain::SamplerState>("sampler");
-      sampler.load_state(position);
-      step = restored->step();
-      first_epoch = position.epoch;
-      resumed = true;
-      if (rank == 0)
-        fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it (saved by {} ranks{})\n",
-                   restored->file(), step, first_epoch + 1, position.position,
-                   data.size(), restored->world_size(),
-                   restored->world_size() == world ? "" : fmt::format(", re-sharded over {}", world));
-    } else if (rank == 0) {
-      fmt::print("no checkpoint in {}: starting afresh\n", o.checkpoint_dir);
-    }
-  }
+  auto [step, first_epoch, resumed] =
+      o.resume ? resume_from_checkpoint(o, *checkpoint, model, sgd, jitter_rng, sampler, data.size())
+               : StartingPoint{};
   // Every rank calls save() at the same step; rank 0 writes in the background. The generator is
   // saved only when it is used: per-rank items tie a checkpoint to its world size.
   auto save = [&](std::int64_t epoch, std::int64_t taken) {
@@ -656,13 +584,12 @@ int train(const Options& o) {
       throughput.add_samples(static_cast<std::int64_t>(batch.size()));
       if (checkpoint && o.checkpoint_every > 0 && step % o.checkpoint_every == 0 && b + 1 < batches)
         save(epoch, (b + 1) * o.batch_size);
-      if (step == o.crash_after_step && !resumed) {
-        // The checkpoints so far are on disk before the crash, so the restart's starting point is
-        // known: the newest one at or before this step.
+      // The checkpoints so far are on disk before a crash, so the restart's starting point is
+      // known: the newest one at or before this step.
+      o.testing.after_step(step, resumed, rank, [&] {
         if (checkpoint) checkpoint->wait();
         dtrain::barrier();
-        if (rank == o.crash_rank) std::raise(SIGKILL);
-      }
+      });
     }
     if (batches > 0) {
       const auto m = metrics.average();  // dtrain: means over every rank's samples
@@ -686,7 +613,14 @@ int train(const Options& o) {
 int main(int argc, char** argv) {
   try {
     dtrain::Session session(argc, argv);  // dtrain: start (and at scope exit stop) the runtime
-    const Options o = parse_options(argc, argv);
+    CLI::App app("", "plain_train");
+    Options o;
+    add_options(app, o);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {  // every rank parses the same flags and gets here
+      return examples::refused_command_line(app, e, dtrain::rank() == 0);
+    }
     try {
       return train(o);
     } catch (const std::exception& e) {  // e.g. a checkpoint this job cannot resume from

@@ -1,16 +1,20 @@
 #pragma once
-// Command-line options of the ResNet trainer. Kept free of libtorch so parsing is cheap to test.
+// Command-line options of the ResNet trainer: each flag declared once, on a CLI::App, with what it
+// accepts; the testing flags (common/testing_hooks.hpp) are kept out of the help.
+
+#include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "common/command_line.hpp"
+#include <dtrain/train/compression.hpp>
+
+#include "common/testing_hooks.hpp"
+#include "models.hpp"
 
 namespace resnet {
-
-// A flag the trainer does not accept, or a value it cannot use.
-using examples::UsageError;
 
 struct TrainOptions {
   std::string model = "resnet8";
@@ -23,13 +27,13 @@ struct TrainOptions {
   double momentum = 0.9;
   double weight_decay = 5e-4;
   double warmup_epochs = 0.0;             // linear ramp from lr to the peak
-  std::string norm = "batch";             // batch | group
-  bool sync_bn = false;                   // batch norm over every rank's batch (SyncBatchNorm)
+  Norm norm = Norm::batch;                // --sync-bn turns batch into sync_batch
+  bool sync_bn = false;
   std::string stem = "auto";              // auto | standard | small (resnet18/34/50)
   std::uint64_t seed = 42;
   std::int64_t threads = 0;              // 0: choose_threads()
-  double bucket_mb = -1;                 // < 0: DistributedOptimizer's default by device
-  std::string compression = "none";      // none | fp16 | bf16: the gradients' wire format
+  std::optional<double> bucket_mb;       // none: DistributedOptimizer's default by device
+  dtrain::Compression compression = dtrain::Compression::none;  // the gradients' wire format
   std::int64_t max_steps_per_epoch = 0;  // 0: the whole training set every epoch
   std::int64_t eval_samples = 0;         // 0: the whole test set
   bool augment = false;                  // random crop (padding 2 or 4) + flip
@@ -41,11 +45,20 @@ struct TrainOptions {
   bool resume = false;                  // continue from the newest valid checkpoint, if any
   bool elastic = false;                 // dtrainrun's elastic mode: commits on each host
   std::string save_model;               // empty: no final model file
-  std::int64_t crash_rank = -1;         // testing restarts: this rank dies with SIGKILL ...
-  std::int64_t crash_after_step = 0;    // ... after this step, unless the run resumed
   bool quiet = false;
-  bool help = false;
+  examples::TestingHooks testing;
 };
+
+// "none", "fp16" or "bf16", as --compression spells them.
+std::string compression_name(dtrain::Compression compression);
+
+// Declares every flag on `app`, each writing its field of `options`, and the checks that involve
+// more than one flag (run by app.parse(), which throws a CLI::ParseError for a refused command line).
+void add_options(CLI::App& app, TrainOptions& options);
+
+// Parses `args` (without the program name) as resnet_train would. Throws CLI::ParseError, and
+// CLI::CallForHelp for --help.
+TrainOptions parse_options(std::vector<std::string> args);
 
 // Intra-op threads per rank, and a sentence saying why, for the trainer's header line.
 struct ThreadChoice {
@@ -57,12 +70,5 @@ struct ThreadChoice {
 // the ranks on this host, at least 1: ranks x threads fill the cores without oversubscribing them
 // (unless there are more ranks than cores, which the description then says).
 ThreadChoice choose_threads(std::int64_t requested, std::int64_t cores, std::int64_t local_ranks);
-
-// The usage text, `program` being argv[0].
-std::string usage(const std::string& program);
-
-// Accepts `--flag value` and `--flag=value`. Throws UsageError naming the flag and what it accepts.
-TrainOptions parse_options(const std::vector<std::string>& args);
-TrainOptions parse_options(int argc, const char* const* argv);
 
 }  // namespace resnet

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -40,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cli.hpp"
 #include "datasets.hpp"
 #include "models.hpp"
 #include "options.hpp"
@@ -293,306 +293,382 @@ void load_buffers(torch::nn::Module& model, const NamedBuffers& saved) {
   }
 }
 
-int run(const TrainOptions& options) {
-  // Checked before the data is loaded, which takes a while.
-  const auto models = resnet::model_names();
-  if (std::find(models.begin(), models.end(), options.model) == models.end()) {
-    std::string accepted;
-    for (const auto& name : models) accepted += (accepted.empty() ? "" : ", ") + name;
-    throw resnet::UsageError("--model must be one of " + accepted + ", got " + options.model);
-  }
-  const bool is_root = dtrain::rank() == 0;  // dtrain: one rank prints and writes files
-  const bool report = is_root && !options.quiet;
-  // dtrain: ranks on one host share its cores instead of each starting one thread per core.
-  const auto threads = resnet::choose_threads(options.threads, usable_cores(), dtrain::local_size());
+// Where this rank computes. dtrain: ranks on one host share its cores instead of each starting one
+// thread per core; with GPUs, each rank on a host takes its own, by local rank. Also seeds
+// libtorch's generator, before anything draws from it.
+struct Placement {
+  resnet::ThreadChoice threads;
+  torch::Device device;
+};
+
+Placement place_this_rank(const TrainOptions& options) {
+  auto threads = resnet::choose_threads(options.threads, usable_cores(), dtrain::local_size());
   torch::set_num_threads(static_cast<int>(threads.threads));
   torch::manual_seed(options.seed);
-  // dtrain: with GPUs, each rank on a host takes its own, by local rank.
   const torch::Device device =
       torch::cuda::is_available()
           ? torch::Device(torch::kCUDA, static_cast<torch::DeviceIndex>(
                                             dtrain::local_rank() % torch::cuda::device_count()))
           : torch::Device(torch::kCPU);
+  return {std::move(threads), device};
+}
 
-  const auto load_start = Clock::now();
-  const DataSplits data = load_data(options);
-  const Dataset test = options.eval_samples > 0 && options.eval_samples < data.test.size()
-                           ? Dataset{data.test.images.narrow(0, 0, options.eval_samples),
-                                     data.test.labels.narrow(0, 0, options.eval_samples)}
-                           : data.test;
+struct LoadedData {
+  DataSplits splits;
+  Dataset test;  // the front --eval-samples of the test split
+  double seconds = 0.0;
+};
 
-  // dtrain: --sync-bn: every batch norm takes its statistics from all ranks' batches together,
-  // built as dtrain::SyncBatchNorm2d where plain batch norm builds torch::nn::BatchNorm2d.
-  const auto norm = options.norm == "group" ? resnet::Norm::group
-                    : options.sync_bn       ? resnet::Norm::sync_batch
-                                            : resnet::Norm::batch;
+LoadedData load(const TrainOptions& options) {
+  const auto start = Clock::now();
+  LoadedData data{load_data(options), {}, 0.0};
+  const auto& test = data.splits.test;
+  data.test = options.eval_samples > 0 && options.eval_samples < test.size()
+                  ? Dataset{test.images.narrow(0, 0, options.eval_samples),
+                            test.labels.narrow(0, 0, options.eval_samples)}
+                  : test;
+  data.seconds = seconds_since(start);
+  return data;
+}
+
+// dtrain: --sync-bn builds every batch norm as dtrain::SyncBatchNorm2d, which takes its statistics
+// from all ranks' batches together, where plain batch norm builds torch::nn::BatchNorm2d.
+std::shared_ptr<Classifier> build_model(const TrainOptions& options, const DataSplits& data,
+                                        const torch::Device& device) {
   const auto stem = resnet::choose_stem(options.model, options.stem, data.train.images.size(3));
-  const auto model = resnet::make_model(options.model, {.in_channels = data.channels(),
-                                                        .num_classes = data.num_classes(),
-                                                        .small_input_stem = stem.small_input_stem,
-                                                        .norm = norm});
-  std::int64_t synchronized_norms = 0;
-  for (const auto& module : model->modules(/*include_self=*/false))
-    synchronized_norms += module->as<dtrain::SyncBatchNorm>() != nullptr ? 1 : 0;
+  auto model = resnet::make_model(options.model, {.in_channels = data.channels(),
+                                                  .num_classes = data.num_classes(),
+                                                  .small_input_stem = stem.small_input_stem,
+                                                  .norm = options.norm});
   dtrain::broadcast_module(*model);  // dtrain: every rank starts from rank 0's weights
   model->to(device);
-  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(options.lr)
-                                                 .momentum(options.momentum)
-                                                 .weight_decay(options.weight_decay));
-  // dtrain: gradients are averaged over the ranks (in buckets; --bucket-mb to choose their size).
-  dtrain::DistributedOptimizerOptions sync_options;
-  if (options.bucket_mb >= 0)
-    sync_options.bucket_bytes = static_cast<std::int64_t>(options.bucket_mb * (1 << 20));
-  // dtrain: --compression fp16/bf16: gradients cross the network as 16-bit floats.
-  sync_options.compression = options.compression == "fp16"   ? dtrain::Compression::fp16
-                             : options.compression == "bf16" ? dtrain::Compression::bf16
-                                                             : dtrain::Compression::none;
-  dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters(), sync_options);
+  return model;
+}
 
-  // dtrain: this rank's shard of every epoch, a permutation fixed by (seed, epoch).
-  dtrain::DistributedSampler sampler(data.train.size(),
-                                     {.parts = dtrain::size(), .part = dtrain::rank()},
-                                     {.shuffle = true, .seed = options.seed});
-  const auto steps = steps_per_epoch(options, sampler);
-  // dtrain: with --scale-lr the rate ramps from --lr to --lr x ranks over the warmup epochs (the
-  // global batch is ranks x --batch-size), then decays to 0 along a cosine.
-  dtrain::LrScheduleOptions lr_options;
-  lr_options.base_lr = options.lr;
-  lr_options.world_size = dtrain::size();
-  lr_options.scale_by_world_size = options.scale_lr;
-  lr_options.warmup_epochs = options.warmup_epochs;
-  lr_options.steps_per_epoch = steps;
-  lr_options.decay = dtrain::Decay::cosine;
-  lr_options.total_epochs = static_cast<double>(options.epochs);
-  const dtrain::LrSchedule schedule(lr_options);
-  // Augmentation differs per rank, as it would for different samples in one process.
-  const auto augment_seed = [&](std::int64_t step) {
-    return options.seed + 1 + static_cast<std::uint64_t>(dtrain::rank()) +
-           1000003 * static_cast<std::uint64_t>(step);
-  };
-  auto augment_rng = at::detail::createCPUGenerator(augment_seed(0));
+// dtrain: gradients are averaged over the ranks, in buckets (--bucket-mb to choose their size),
+// and cross the network as 16-bit floats with --compression fp16/bf16.
+dtrain::DistributedOptimizerOptions gradient_sync_options(const TrainOptions& options) {
+  dtrain::DistributedOptimizerOptions sync;
+  if (options.bucket_mb)
+    sync.bucket_bytes = static_cast<std::int64_t>(*options.bucket_mb * (1 << 20));
+  sync.compression = options.compression;
+  return sync;
+}
 
-  const auto& shape = data.train.images.sizes();
-  if (report) {
+// dtrain: with --scale-lr the rate ramps from --lr to --lr x ranks over the warmup epochs (the
+// global batch is ranks x --batch-size), then decays to 0 along a cosine.
+dtrain::LrSchedule learning_rate_schedule(const TrainOptions& options, std::int64_t steps) {
+  dtrain::LrScheduleOptions lr;
+  lr.base_lr = options.lr;
+  lr.world_size = dtrain::size();
+  lr.scale_by_world_size = options.scale_lr;
+  lr.warmup_epochs = options.warmup_epochs;
+  lr.steps_per_epoch = steps;
+  lr.decay = dtrain::Decay::cosine;
+  lr.total_epochs = static_cast<double>(options.epochs);
+  return dtrain::LrSchedule(lr);
+}
+
+// One run of the trainer. The constructor sets it up (threads, device, data, model, optimizer,
+// sampler, schedule, checkpoints); resume() continues from a checkpoint or commit; run_epoch()
+// trains and evaluates one epoch; save_epoch_end() checkpoints it; finish() prints the summary.
+class Training {
+ public:
+  explicit Training(const TrainOptions& options)
+      : options_(options),
+        place_(place_this_rank(options)),
+        data_(load(options)),
+        model_(build_model(options, data_.splits, place_.device)),
+        sgd_(model_->parameters(), torch::optim::SGDOptions(options.lr)
+                                       .momentum(options.momentum)
+                                       .weight_decay(options.weight_decay)),
+        optimizer_(sgd_, model_->named_parameters(), gradient_sync_options(options)),
+        // dtrain: this rank's shard of every epoch, a permutation fixed by (seed, epoch).
+        sampler_(data_.splits.train.size(), {.parts = dtrain::size(), .part = dtrain::rank()},
+                 {.shuffle = true, .seed = options.seed}),
+        steps_(steps_per_epoch(options, sampler_)),
+        schedule_(learning_rate_schedule(options, steps_)),
+        augment_rng_(at::detail::createCPUGenerator(augment_seed(0))),
+        has_buffers_(!model_->buffers().empty()) {
+    // dtrain: checkpoints of the whole training state, and resuming from the newest valid one.
+    // Another world size is refused: the global batch, the steps per epoch and with them the
+    // learning-rate schedule would change under the run. With --elastic, commits to each host's
+    // own folder instead, and dtrainrun's resizes.
+    if (options.elastic)
+      elastic_.emplace(dtrain::elastic::Options{
+          .directory = options.checkpoint_dir,
+          .commit_every = options.checkpoint_every,
+          .keep_last = static_cast<int>(options.keep_checkpoints)});
+    else if (!options.checkpoint_dir.empty())
+      checkpoint_.emplace(dtrain::CheckpointOptions{
+          .directory = options.checkpoint_dir,
+          .keep_last = static_cast<int>(options.keep_checkpoints),
+          .on_world_size_change = dtrain::WorldSizeChange::refuse});
+  }
+
+  void print_header() const {
+    if (!reporting()) return;
+    const auto& train = data_.splits.train;
+    const auto& shape = train.images.sizes();
     fmt::print(
         "{} on {}: {} train / {} test images of {}x{}x{}, {} classes; {} ranks x batch {} = {}, "
         "{} steps per epoch, lr {} (peak {}), {} threads per rank on {}; data loaded in {:.1f} s\n",
-        options.model, options.dataset, data.train.size(), test.size(), shape[1], shape[2],
-        shape[3], data.num_classes(), dtrain::size(), options.batch_size,
-        options.batch_size * dtrain::size(), steps, options.lr, schedule.peak_lr(),
-        threads.threads, device.str(), seconds_since(load_start));
-    fmt::print("threads: {}\n", threads.description);
-    if (options.compression != "none")
-      fmt::print("gradients travel as {} (--compression)\n", options.compression);
+        options_.model, options_.dataset, train.size(), data_.test.size(), shape[1], shape[2],
+        shape[3], data_.splits.num_classes(), dtrain::size(), options_.batch_size,
+        options_.batch_size * dtrain::size(), steps_, options_.lr, schedule_.peak_lr(),
+        place_.threads.threads, place_.device.str(), data_.seconds);
+    fmt::print("threads: {}\n", place_.threads.description);
+    if (options_.compression != dtrain::Compression::none)
+      fmt::print("gradients travel as {} (--compression)\n",
+                 resnet::compression_name(options_.compression));
     std::int64_t parameters = 0;
-    for (const auto& p : model->parameters()) parameters += p.numel();
-    fmt::print("model: {}, {} parameters{}{}{}\n", options.model, parameters,
+    for (const auto& p : model_->parameters()) parameters += p.numel();
+    std::int64_t synchronized_norms = 0;
+    for (const auto& module : model_->modules(/*include_self=*/false))
+      synchronized_norms += module->as<dtrain::SyncBatchNorm>() != nullptr ? 1 : 0;
+    const auto stem = resnet::choose_stem(options_.model, options_.stem, shape[3]);
+    fmt::print("model: {}, {} parameters{}{}{}\n", options_.model, parameters,
                stem.description.empty() ? "" : ", ", stem.description,
-               options.sync_bn ? fmt::format(", {} SyncBatchNorm layers", synchronized_norms)
-                               : std::string());
+               options_.sync_bn ? fmt::format(", {} SyncBatchNorm layers", synchronized_norms)
+                                : std::string());
     std::fflush(stdout);
   }
 
-  // dtrain: checkpoints of the whole training state, and resuming from the newest valid one.
-  // Another world size is refused: the global batch, the steps per epoch and with them the
-  // learning-rate schedule would change under the run.
-  std::optional<dtrain::Checkpoint> checkpoint;
-  // dtrain: with --elastic, commits to each host's own folder instead, and dtrainrun's resizes.
-  std::optional<dtrain::elastic::State> elastic;
-  if (options.elastic)
-    elastic.emplace(dtrain::elastic::Options{
-        .directory = options.checkpoint_dir,
-        .commit_every = options.checkpoint_every,
-        .keep_last = static_cast<int>(options.keep_checkpoints)});
-  else if (!options.checkpoint_dir.empty())
-    checkpoint.emplace(dtrain::CheckpointOptions{
-        .directory = options.checkpoint_dir,
-        .keep_last = static_cast<int>(options.keep_checkpoints),
-        .on_world_size_change = dtrain::WorldSizeChange::refuse});
-  std::int64_t step = 0;  // optimizer steps so far, over all epochs: sets the learning rate
-  std::int64_t first_epoch = 1;
-  bool resumed = false;
-  const bool has_buffers = !model->buffers().empty();
-  if (options.resume && checkpoint) {
-    if (auto restored = checkpoint->restore()) {  // collective: rank 0 reads, every rank loads
-      restored->load("model", *model);            // in place: the optimizer keeps its parameters
-      restored->load("optimizer", sgd);
-      dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
-      if (has_buffers) load_buffers(*model, restored->get<NamedBuffers>("rank_buffers"));
-      if (options.augment) restored->load("augment_rng", augment_rng);
-      const auto position = restored->get<dtrain::SamplerState>("sampler");
-      sampler.load_state(position);  // the rest of the interrupted epoch
-      step = restored->step();
-      first_epoch = position.epoch;
-      resumed = true;
-      if (report)
-        fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it\n",
-                   restored->file(), step, first_epoch, position.position,
-                   data.train.size());
-    } else if (report) {
-      fmt::print("no checkpoint in {}: starting afresh\n", options.checkpoint_dir);
-    }
-  }
-  if (elastic) {
-    if (auto restored = elastic->restore()) {  // dtrain: the newest commit any host holds
-      restored->load("model", *model);
-      restored->load("optimizer", sgd);  // momentum intact across the resize
-      dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
-      const auto position = restored->get<dtrain::SamplerState>("sampler");
-      sampler.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
-      step = restored->step();
-      first_epoch = position.epoch;
-      resumed = true;
-      if (report)
-        fmt::print("generation {}: resumed from the commit of step {}: epoch {}, sample {} of {} "
-                   "in it, committed by {} ranks, {} now\n",
-                   elastic->generation(), step, first_epoch, position.position,
-                   data.train.size(), restored->world_size(), dtrain::size());
-    }
-    // A commit holds no per-rank state: each world seeds augmentation afresh.
-    augment_rng = at::detail::createCPUGenerator(augment_seed(step));
-  }
-  // Every rank calls save() at the same step; rank 0 writes in the background. `taken`: the
-  // samples this rank has used of the sampler's current order.
-  auto save = [&](std::int64_t epoch, std::int64_t taken) {
-    const dtrain::SamplerState position = sampler.state(taken);
-    const auto torch_rng = dtrain::torch_rng_state();
-    const auto buffers = named_buffers(*model);
-    const dtrain::TrainingProgress progress{.step = step, .epoch = epoch};
-    if (has_buffers && options.augment)
-      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
-                                  {"torch_rng", torch_rng}},
-                       {{"rank_buffers", buffers}, {"augment_rng", augment_rng}});
-    else if (has_buffers)
-      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
-                                  {"torch_rng", torch_rng}},
-                       {{"rank_buffers", buffers}});
-    else if (options.augment)
-      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
-                                  {"torch_rng", torch_rng}},
-                       {{"augment_rng", augment_rng}});
-    else
-      checkpoint->save(progress, {{"model", *model}, {"optimizer", sgd}, {"sampler", position},
-                                  {"torch_rng", torch_rng}});
-  };
-
-  // dtrain: each host's writer commits the shared state; batch-norm statistics are made shared
-  // first. At a commit where dtrainrun asks for a resize, every rank leaves with status 75.
-  auto commit = [&](std::int64_t epoch, std::int64_t taken, bool may_leave) {
-    average_buffers(*model);
-    const dtrain::SamplerState position = sampler.state(taken);
-    const auto torch_rng = dtrain::torch_rng_state();
-    elastic->commit({.step = step, .epoch = epoch}, {{"model", *model}, {"optimizer", sgd},
-                                                     {"sampler", position},
-                                                     {"torch_rng", torch_rng}});
-    if (may_leave && elastic->resize_requested()) {
-      if (report) {
-        fmt::print("generation {}: committed step {}; leaving for a world of {} ranks\n",
-                   elastic->generation(), step, elastic->next_world_size());
-        std::fflush(stdout);
+  // Continues from the newest valid checkpoint (--resume) or, with --elastic, from the newest
+  // commit any host holds; otherwise the run starts at epoch 1.
+  void resume() {
+    if (options_.resume && checkpoint_) {
+      if (auto restored = checkpoint_->restore()) {  // collective: rank 0 reads, every rank loads
+        restored->load("model", *model_);  // in place: the optimizer keeps its parameters
+        restored->load("optimizer", sgd_);
+        dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
+        if (has_buffers_) load_buffers(*model_, restored->get<NamedBuffers>("rank_buffers"));
+        if (options_.augment) restored->load("augment_rng", augment_rng_);
+        const auto position = restored->get<dtrain::SamplerState>("sampler");
+        sampler_.load_state(position);  // the rest of the interrupted epoch
+        step_ = restored->step();
+        first_epoch_ = position.epoch;
+        resumed_ = true;
+        if (reporting())
+          fmt::print("resumed from {}: step {}, epoch {}, sample {} of {} in it\n",
+                     restored->file(), step_, first_epoch_, position.position,
+                     data_.splits.train.size());
+      } else if (reporting()) {
+        fmt::print("no checkpoint in {}: starting afresh\n", options_.checkpoint_dir);
       }
-      elastic->exit_for_resize();
     }
-  };
-  // --elastic: the rate of this world's schedule at the epoch's fractional progress, which does
-  // not depend on the world size as a step count does.
-  const auto epoch_progress = [&](std::int64_t epoch, std::int64_t position) {
-    return static_cast<double>(epoch - 1) +
-           static_cast<double>(position) / static_cast<double>(data.train.size());
-  };
+    if (elastic_) {
+      if (auto restored = elastic_->restore()) {  // dtrain: the newest commit any host holds
+        restored->load("model", *model_);
+        restored->load("optimizer", sgd_);  // momentum intact across the resize
+        dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
+        const auto position = restored->get<dtrain::SamplerState>("sampler");
+        sampler_.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
+        step_ = restored->step();
+        first_epoch_ = position.epoch;
+        resumed_ = true;
+        if (reporting())
+          fmt::print("generation {}: resumed from the commit of step {}: epoch {}, sample {} of {} "
+                     "in it, committed by {} ranks, {} now\n",
+                     elastic_->generation(), step_, first_epoch_, position.position,
+                     data_.splits.train.size(), restored->world_size(), dtrain::size());
+      }
+      // A commit holds no per-rank state: each world seeds augmentation afresh.
+      augment_rng_ = at::detail::createCPUGenerator(augment_seed(step_));
+    }
+    run_start_ = Clock::now();
+  }
 
-  const auto run_start = Clock::now();
-  EpochReport last{};
-  double best_accuracy = 0.0;
-  double train_seconds = 0.0;
-  std::int64_t train_images = 0;
-  std::int64_t epochs_run = 0;
-  dtrain::ThroughputMeter throughput;  // dtrain: images/s of all ranks together
-  dtrain::Profiler profiler;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
-  for (std::int64_t epoch = first_epoch; epoch <= options.epochs; ++epoch) {
-    sampler.set_epoch(epoch);  // keeps a resumed position in its own epoch
-    const std::int64_t position = sampler.state(0).position;
-    const std::int64_t per_step = options.batch_size * dtrain::size();
+  std::int64_t first_epoch() const { return first_epoch_; }
+
+  // Trains epoch `epoch` (1-based) from where the sampler stands, then evaluates the model on
+  // every rank's slice of the test set and prints the epoch's line.
+  void run_epoch(std::int64_t epoch) {
+    sampler_.set_epoch(epoch);  // keeps a resumed position in its own epoch
+    const std::int64_t position = sampler_.state(0).position;
+    const std::int64_t per_step = options_.batch_size * dtrain::size();
     // After a resume: the steps of this epoch that are left, on the rest of its order. With
     // --elastic, counted from the position, as earlier worlds may have had other sizes (and
     // --max-steps-per-epoch ends the epoch at that many steps' samples of this world).
-    std::int64_t epoch_steps = steps - (step - (epoch - 1) * steps);
-    if (elastic) {
-      epoch_steps = sampler.remaining() / options.batch_size;
-      if (options.max_steps_per_epoch > 0)
-        epoch_steps = std::clamp<std::int64_t>(options.max_steps_per_epoch - position / per_step,
+    std::int64_t epoch_steps = steps_ - (step_ - (epoch - 1) * steps_);
+    if (elastic_) {
+      epoch_steps = sampler_.remaining() / options_.batch_size;
+      if (options_.max_steps_per_epoch > 0)
+        epoch_steps = std::clamp<std::int64_t>(options_.max_steps_per_epoch - position / per_step,
                                                0, epoch_steps);
     }
-    throughput.start_epoch();
-    const auto after_step = [&](std::int64_t b) {
-      ++step;
-      if (checkpoint && options.checkpoint_every > 0 && step % options.checkpoint_every == 0 &&
-          b + 1 < epoch_steps) {
-        auto phase = profiler.phase("checkpoint");
-        save(epoch, (b + 1) * options.batch_size);
-      }
-      if (elastic && elastic->commit_due(step) && b + 1 < epoch_steps) {
-        auto phase = profiler.phase("checkpoint");
-        commit(epoch, (b + 1) * options.batch_size, true);
-      }
-      if (step == options.crash_after_step && !resumed) {
-        // The checkpoints so far are on disk before the crash, so the restart's starting point
-        // is known: the newest one at or before this step.
-        if (checkpoint) checkpoint->wait();
-        if (elastic) elastic->wait();
-        dtrain::barrier();
-        if (dtrain::rank() == options.crash_rank) std::raise(SIGKILL);
-      }
-    };
-    const std::int64_t first_step = step;
+    throughput_.start_epoch();
+    const std::int64_t first_step = step_;
+    // --elastic: the rate of this world's schedule at the epoch's fractional progress, which does
+    // not depend on the world size as a step count does.
     const auto learning_rate = [&](std::int64_t b) {
-      return elastic ? schedule.lr_at_epoch(epoch_progress(epoch, position + b * per_step))
-                     : schedule.lr_at_step(first_step + b);
+      if (!elastic_) return schedule_.lr_at_step(first_step + b);
+      const auto done = static_cast<double>(position + b * per_step);
+      return schedule_.lr_at_epoch(static_cast<double>(epoch - 1) +
+                                   done / static_cast<double>(data_.splits.train.size()));
     };
-    const Totals train = train_one_epoch(*model, optimizer, sgd, data.train, sampler.indices(),
-                                         options, learning_rate, epoch_steps, augment_rng,
-                                         device, profiler, after_step);
-    throughput.add_samples(train.samples);
-    ++epochs_run;
-    const auto trained = throughput.end_epoch();
-    average_buffers(*model);
-    const Totals tested =
-        evaluate(*model, test, std::max<std::int64_t>(options.batch_size, 256), device);
-    last = summarize(train, tested, trained, tested.seconds);
-    best_accuracy = std::max(best_accuracy, last.test_accuracy);
-    train_seconds += trained.seconds;
-    train_images += last.train_images;
-    if (report) {
+    const auto after_step = [&](std::int64_t b) { this->after_step(epoch, b, epoch_steps); };
+    const Totals train = train_one_epoch(*model_, optimizer_, sgd_, data_.splits.train,
+                                         sampler_.indices(), options_, learning_rate, epoch_steps,
+                                         augment_rng_, place_.device, profiler_, after_step);
+    throughput_.add_samples(train.samples);
+    ++epochs_run_;
+    const auto trained = throughput_.end_epoch();
+    average_buffers(*model_);
+    const Totals tested = evaluate(*model_, data_.test,
+                                   std::max<std::int64_t>(options_.batch_size, 256), place_.device);
+    last_ = summarize(train, tested, trained, tested.seconds);
+    best_accuracy_ = std::max(best_accuracy_, last_.test_accuracy);
+    train_seconds_ += trained.seconds;
+    train_images_ += last_.train_images;
+    if (reporting()) {
       fmt::print(
           "epoch {:>3}/{}  loss {:.4f}  train acc {:6.2f}%  test loss {:.4f}  test acc "
           "{:6.2f}%  {:7.1f} img/s  {:6.1f} s\n",
-          epoch, options.epochs, last.train_loss, 100 * last.train_accuracy, last.test_loss,
-          100 * last.test_accuracy, last.images_per_second, last.seconds);
+          epoch, options_.epochs, last_.train_loss, 100 * last_.train_accuracy, last_.test_loss,
+          100 * last_.test_accuracy, last_.images_per_second, last_.seconds);
       std::fflush(stdout);
     }
-    if (checkpoint) {
-      sampler.set_epoch(epoch + 1);  // saved as the start of the next epoch
-      save(epoch + 1, 0);
-    }
-    if (elastic) {
-      sampler.set_epoch(epoch + 1);  // committed as the start of the next epoch
-      commit(epoch + 1, 0, epoch < options.epochs);  // after the last one, nothing to resize
-    }
   }
-  if (checkpoint) checkpoint->wait();  // the last checkpoint is on disk (errors surface here)
-  if (elastic) elastic->wait();
-  if (is_root && !options.save_model.empty()) save_model(options.save_model, model);
-  if (is_root) {
+
+  // Saves the state as the start of the next epoch: a checkpoint, or with --elastic a commit,
+  // where dtrainrun may ask for a resize (except after the last epoch).
+  void save_epoch_end(std::int64_t epoch) {
+    if (!checkpoint_ && !elastic_) return;
+    sampler_.set_epoch(epoch + 1);
+    if (checkpoint_) save_checkpoint(epoch + 1, 0);
+    if (elastic_) commit(epoch + 1, 0, epoch < options_.epochs);
+  }
+
+  // Waits for the last checkpoint writes (their errors surface here), writes --save-model and
+  // prints the summary.
+  void finish() {
+    if (checkpoint_) checkpoint_->wait();
+    if (elastic_) elastic_->wait();
+    if (dtrain::rank() != 0) return;  // dtrain: one rank prints and writes files
+    if (!options_.save_model.empty()) save_model(options_.save_model, model_);
     fmt::print(
         "final: {} epochs in {:.1f} s on {} ranks, test accuracy {:.2f}% (best {:.2f}%), train "
         "loss {:.4f}, {:.1f} img/s\n",
-        epochs_run, seconds_since(run_start), dtrain::size(), 100 * last.test_accuracy,
-        100 * best_accuracy, last.train_loss,
-        train_seconds > 0 ? static_cast<double>(train_images) / train_seconds : 0.0);
-    if (!options.quiet)
-      fmt::print("weights: step {}, fingerprint {:016x} (parameters, buffers, momentum)\n", step,
-                 fingerprint(*model, sgd));
+        epochs_run_, seconds_since(run_start_), dtrain::size(), 100 * last_.test_accuracy,
+        100 * best_accuracy_, last_.train_loss,
+        train_seconds_ > 0 ? static_cast<double>(train_images_) / train_seconds_ : 0.0);
+    if (!options_.quiet)
+      fmt::print("weights: step {}, fingerprint {:016x} (parameters, buffers, momentum)\n", step_,
+                 fingerprint(*model_, sgd_));
   }
+
+ private:
+  bool reporting() const { return dtrain::rank() == 0 && !options_.quiet; }
+
+  // Augmentation differs per rank, as it would for different samples in one process.
+  std::uint64_t augment_seed(std::int64_t step) const {
+    return options_.seed + 1 + static_cast<std::uint64_t>(dtrain::rank()) +
+           1000003 * static_cast<std::uint64_t>(step);
+  }
+
+  // After batch b of the epoch's `epoch_steps`, inside the step's profile: a checkpoint or commit
+  // when one is due within the epoch (the epoch's end has its own), and the test suite's crash.
+  void after_step(std::int64_t epoch, std::int64_t b, std::int64_t epoch_steps) {
+    ++step_;
+    const bool within_epoch = b + 1 < epoch_steps;
+    if (checkpoint_ && options_.checkpoint_every > 0 &&
+        step_ % options_.checkpoint_every == 0 && within_epoch) {
+      auto phase = profiler_.phase("checkpoint");
+      save_checkpoint(epoch, (b + 1) * options_.batch_size);
+    }
+    if (elastic_ && elastic_->commit_due(step_) && within_epoch) {
+      auto phase = profiler_.phase("checkpoint");
+      commit(epoch, (b + 1) * options_.batch_size, true);
+    }
+    options_.testing.after_step(step_, resumed_, dtrain::rank(), [&] {
+      if (checkpoint_) checkpoint_->wait();
+      if (elastic_) elastic_->wait();
+      dtrain::barrier();
+    });
+  }
+
+  // dtrain: every rank calls it at the same step; rank 0 writes in the background. `taken`: the
+  // samples this rank has used of the sampler's current order. Between two epoch ends each rank's
+  // batch-norm statistics and augmentation generator are its own: per-rank items.
+  void save_checkpoint(std::int64_t epoch, std::int64_t taken) {
+    const dtrain::SamplerState position = sampler_.state(taken);
+    const auto torch_rng = dtrain::torch_rng_state();
+    const auto buffers = named_buffers(*model_);
+    const dtrain::TrainingProgress progress{.step = step_, .epoch = epoch};
+    if (has_buffers_ && options_.augment)
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
+                                   {"torch_rng", torch_rng}},
+                        {{"rank_buffers", buffers}, {"augment_rng", augment_rng_}});
+    else if (has_buffers_)
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
+                                   {"torch_rng", torch_rng}},
+                        {{"rank_buffers", buffers}});
+    else if (options_.augment)
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
+                                   {"torch_rng", torch_rng}},
+                        {{"augment_rng", augment_rng_}});
+    else
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
+                                   {"torch_rng", torch_rng}});
+  }
+
+  // dtrain: each host's writer commits the shared state; batch-norm statistics are made shared
+  // first. At a commit where dtrainrun asks for a resize, every rank leaves with status 75.
+  void commit(std::int64_t epoch, std::int64_t taken, bool may_leave) {
+    average_buffers(*model_);
+    const dtrain::SamplerState position = sampler_.state(taken);
+    const auto torch_rng = dtrain::torch_rng_state();
+    elastic_->commit({.step = step_, .epoch = epoch}, {{"model", *model_}, {"optimizer", sgd_},
+                                                       {"sampler", position},
+                                                       {"torch_rng", torch_rng}});
+    if (may_leave && elastic_->resize_requested()) {
+      if (reporting()) {
+        fmt::print("generation {}: committed step {}; leaving for a world of {} ranks\n",
+                   elastic_->generation(), step_, elastic_->next_world_size());
+        std::fflush(stdout);
+      }
+      elastic_->exit_for_resize();
+    }
+  }
+
+  const TrainOptions& options_;
+  const Placement place_;
+  const LoadedData data_;
+  const std::shared_ptr<Classifier> model_;
+  torch::optim::SGD sgd_;
+  dtrain::DistributedOptimizer<torch::optim::SGD> optimizer_;
+  dtrain::DistributedSampler sampler_;
+  const std::int64_t steps_;  // per epoch
+  const dtrain::LrSchedule schedule_;
+  torch::Generator augment_rng_;
+  const bool has_buffers_;
+  std::optional<dtrain::Checkpoint> checkpoint_;
+  std::optional<dtrain::elastic::State> elastic_;
+
+  std::int64_t step_ = 0;  // optimizer steps so far, over all epochs: sets the learning rate
+  std::int64_t first_epoch_ = 1;
+  bool resumed_ = false;
+
+  Clock::time_point run_start_ = Clock::now();
+  EpochReport last_{};
+  double best_accuracy_ = 0.0;
+  double train_seconds_ = 0.0;
+  std::int64_t train_images_ = 0;
+  std::int64_t epochs_run_ = 0;
+  dtrain::ThroughputMeter throughput_;  // dtrain: images/s of all ranks together
+  dtrain::Profiler profiler_;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
+};
+
+int run(const TrainOptions& options) {
+  Training training(options);
+  training.print_header();
+  training.resume();
+  for (std::int64_t epoch = training.first_epoch(); epoch <= options.epochs; ++epoch) {
+    training.run_epoch(epoch);
+    training.save_epoch_end(epoch);
+  }
+  training.finish();
   return 0;
 }
 
@@ -603,18 +679,17 @@ int main(int argc, char** argv) {
       argc > 0 ? std::filesystem::path(argv[0]).filename().string() : std::string("resnet_train");
   try {
     dtrain::Session session(argc, argv);  // dtrain: start MPI and the engine; stop at scope exit
-    const bool is_root = dtrain::rank() == 0;
+    CLI::App app("", program);
+    TrainOptions options;
+    resnet::add_options(app, options);
     try {
-      const TrainOptions options = resnet::parse_options(argc, argv);
-      if (options.help) {
-        if (is_root) fmt::print("{}", resnet::usage(program));
-        return 0;
-      }
-      return run(options);
-    } catch (const resnet::UsageError& e) {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
       // Every rank parses the same flags, so every rank gets here and none waits for another.
-      if (is_root) fmt::print(stderr, "{}: {}\n\n{}", program, e.what(), resnet::usage(program));
-      return 2;
+      return examples::refused_command_line(app, e, dtrain::rank() == 0);
+    }
+    try {
+      return run(options);
     } catch (const std::exception& e) {
       fmt::print(stderr, "{}: error on rank {}: {}\n", program, dtrain::rank(), e.what());
       // A failure on one rank (a file it cannot write, say) would leave the others waiting in

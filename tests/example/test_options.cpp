@@ -9,86 +9,57 @@ namespace {
 
 using resnet::parse_options;
 using resnet::TrainOptions;
-using resnet::UsageError;
 
-std::string usage_error(const std::vector<std::string>& args) {
+// The message of the CLI::ParseError that `args` are refused with.
+std::string refused(const std::vector<std::string>& args) {
   try {
     parse_options(args);
-  } catch (const UsageError& e) {
+  } catch (const CLI::ParseError& e) {
     return e.what();
   }
   return "<nothing thrown>";
 }
 
+std::string help_text() {
+  CLI::App app("", "resnet_train");
+  TrainOptions options;
+  resnet::add_options(app, options);
+  return app.help();
+}
+
 }  // namespace
 
 TEST_CASE("no flags: the defaults") {
-  const TrainOptions o = parse_options(std::vector<std::string>{});
+  const TrainOptions o = parse_options({});
   CHECK(o.model == "resnet8");
   CHECK(o.dataset == "fashion-mnist");
   CHECK(o.data_dir.empty());
   CHECK(o.epochs == 3);
   CHECK(o.batch_size == 128);
   CHECK(o.threads == 0);
-  CHECK(o.bucket_mb < 0);  // DistributedOptimizer's default
-  CHECK(o.compression == "none");
+  CHECK_FALSE(o.bucket_mb.has_value());  // DistributedOptimizer's default
+  CHECK(o.compression == dtrain::Compression::none);
   CHECK_FALSE(o.scale_lr);
-  CHECK(o.norm == "batch");
+  CHECK(o.norm == resnet::Norm::batch);
   CHECK_FALSE(o.sync_bn);
   CHECK(o.stem == "auto");
   CHECK_FALSE(o.quiet);
   CHECK_FALSE(o.augment);
+  CHECK(o.testing.crash_rank == -1);
 }
 
 TEST_CASE("every flag, in both spellings") {
-  const TrainOptions o = parse_options(std::vector<std::string>{"--model",
-                                                                "resnet56",
-                                                                "--dataset=cifar10",
-                                                                "--data-dir",
-                                                                "/data/cifar",
-                                                                "--epochs=7",
-                                                                "--batch-size",
-                                                                "64",
-                                                                "--lr",
-                                                                "0.4",
-                                                                "--momentum=0.85",
-                                                                "--weight-decay",
-                                                                "1e-4",
-                                                                "--scale-lr",
-                                                                "--warmup-epochs",
-                                                                "2.5",
-                                                                "--norm=group",
-                                                                "--stem",
-                                                                "small",
-                                                                "--seed",
-                                                                "123",
-                                                                "--threads",
-                                                                "2",
-                                                                "--bucket-mb=0.5",
-                                                                "--compression",
-                                                                "bf16",
-                                                                "--max-steps-per-epoch",
-                                                                "10",
-                                                                "--eval-samples=500",
-                                                                "--augment",
-                                                                "--image-size",
-                                                                "48",
-                                                                "--synthetic-samples",
-                                                                "256",
-                                                                "--checkpoint-dir",
-                                                                "ckpt",
-                                                                "--checkpoint-every",
-                                                                "25",
-                                                                "--keep-checkpoints",
-                                                                "2",
-                                                                "--resume",
-                                                                "--save-model",
-                                                                "final.pt",
-                                                                "--crash-rank",
-                                                                "1",
-                                                                "--crash-after-step",
-                                                                "30",
-                                                                "--quiet"});
+  const TrainOptions o = parse_options(
+      {"--model",          "resnet56", "--dataset=cifar10",  "--data-dir",   "/data/cifar",
+       "--epochs=7",       "--batch-size", "64",             "--lr",         "0.4",
+       "--momentum=0.85",  "--weight-decay", "1e-4",         "--scale-lr",   "--warmup-epochs",
+       "2.5",              "--norm=group", "--stem",         "small",        "--seed",
+       "123",              "--threads",  "2",                "--bucket-mb=0.5", "--compression",
+       "bf16",             "--max-steps-per-epoch", "10",    "--eval-samples=500", "--augment",
+       "--image-size",     "48",         "--synthetic-samples", "256",     "--checkpoint-dir",
+       "ckpt",             "--checkpoint-every", "25",       "--keep-checkpoints", "2",
+       "--resume",         "--save-model", "final.pt",       "--crash-rank", "1",
+       "--crash-after-step", "30",       "--quiet"});
   CHECK(o.model == "resnet56");
   CHECK(o.dataset == "cifar10");
   CHECK(o.data_dir == "/data/cifar");
@@ -99,12 +70,13 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.weight_decay == doctest::Approx(1e-4));
   CHECK(o.scale_lr);
   CHECK(o.warmup_epochs == doctest::Approx(2.5));
-  CHECK(o.norm == "group");
+  CHECK(o.norm == resnet::Norm::group);
   CHECK(o.stem == "small");
   CHECK(o.seed == 123);
   CHECK(o.threads == 2);
-  CHECK(o.bucket_mb == doctest::Approx(0.5));
-  CHECK(o.compression == "bf16");
+  REQUIRE(o.bucket_mb.has_value());
+  CHECK(*o.bucket_mb == doctest::Approx(0.5));
+  CHECK(o.compression == dtrain::Compression::bf16);
   CHECK(o.max_steps_per_epoch == 10);
   CHECK(o.eval_samples == 500);
   CHECK(o.augment);
@@ -115,67 +87,66 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.keep_checkpoints == 2);
   CHECK(o.resume);
   CHECK(o.save_model == "final.pt");
-  CHECK(o.crash_rank == 1);
-  CHECK(o.crash_after_step == 30);
+  CHECK(o.testing.crash_rank == 1);
+  CHECK(o.testing.crash_after_step == 30);
   CHECK_FALSE(o.elastic);
   CHECK(o.quiet);
-  CHECK_FALSE(o.help);
-  CHECK(parse_options(std::vector<std::string>{"--help"}).help);
+  CHECK_THROWS_AS(parse_options({"--help"}), CLI::CallForHelp);
+}
+
+TEST_CASE("--sync-bn turns batch norm into SyncBatchNorm; --bucket-mb 0 is a size") {
+  const TrainOptions o = parse_options({"--sync-bn", "--bucket-mb", "0"});
+  CHECK(o.sync_bn);
+  CHECK(o.norm == resnet::Norm::sync_batch);
+  REQUIRE(o.bucket_mb.has_value());
+  CHECK(*o.bucket_mb == 0.0);
+  CHECK(parse_options({"--compression", "fp16"}).compression == dtrain::Compression::fp16);
 }
 
 TEST_CASE("--elastic: commits into each host's --checkpoint-dir") {
-  const TrainOptions o = parse_options(std::vector<std::string>{
-      "--elastic", "--checkpoint-dir", "/dev/shm/{host}", "--checkpoint-every", "20"});
+  const TrainOptions o = parse_options(
+      {"--elastic", "--checkpoint-dir", "/dev/shm/{host}", "--checkpoint-every", "20"});
   CHECK(o.elastic);
   CHECK(o.checkpoint_dir == "/dev/shm/{host}");
   CHECK(o.checkpoint_every == 20);
   CHECK_FALSE(o.resume);  // implied: an elastic world always resumes from the newest commit
 }
 
-TEST_CASE("bad flags are usage errors that name the flag and what it accepts") {
-  CHECK(usage_error({"--bogus"}) == "unknown option '--bogus'");
-  CHECK(usage_error({"epochs"}) == "unexpected argument 'epochs'; options start with --");
-  CHECK(usage_error({"--"}) == "unexpected argument '--'; options start with --");
-  CHECK(usage_error({"--epochs"}) == "--epochs needs a value");
-  CHECK(usage_error({"--epochs", "two"}) == "--epochs: 'two' is not a valid integer");
-  CHECK(usage_error({"--epochs", "3x"}) == "--epochs: '3x' is not a valid integer");
-  CHECK(usage_error({"--epochs=0"}) == "--epochs must be >= 1, got 0");
-  CHECK(usage_error({"--batch-size", "-4"}) == "--batch-size must be >= 1, got -4");
-  CHECK(usage_error({"--lr", "0"}) == "--lr must be positive, got 0");
-  CHECK(usage_error({"--lr", "nan"}) == "--lr: 'nan' is not finite");
-  CHECK(usage_error({"--lr="}) == "--lr: '' is not a valid number");
-  CHECK(usage_error({"--momentum", "1"}) == "--momentum must be in [0, 1), got 1");
-  CHECK(usage_error({"--weight-decay", "-1"}) == "--weight-decay must be >= 0, got -1");
-  CHECK(usage_error({"--seed", "-1"}) == "--seed: '-1' is not a valid integer");
-  CHECK(usage_error({"--dataset", "mnist"}) ==
-        "--dataset must be one of fashion-mnist, cifar10, imagefolder, synthetic, got mnist");
-  CHECK(usage_error({"--data-dir="}) == "--data-dir must be non-empty, got ''");
-  CHECK(usage_error({"--quiet=yes"}) == "--quiet takes no value");
-  CHECK(usage_error({"--scale-lr=2"}) == "--scale-lr takes no value");
-  CHECK(usage_error({"--norm", "layer"}) == "--norm must be batch or group, got layer");
-  CHECK(usage_error({"--norm", "group", "--sync-bn"}) ==
-        "--sync-bn synchronizes batch norm; --norm group has none");
-  CHECK(parse_options(std::vector<std::string>{"--sync-bn"}).sync_bn);
-  CHECK(usage_error({"--stem", "large"}) == "--stem must be auto, standard or small, got large");
-  CHECK(usage_error({"--resume"}) ==
-        "--resume needs --checkpoint-dir: the folder that holds the checkpoints");
-  CHECK(usage_error({"--checkpoint-every", "10"}) ==
-        "--checkpoint-every needs --checkpoint-dir: the folder that holds the checkpoints");
-  CHECK(usage_error({"--keep-checkpoints", "-1"}) == "--keep-checkpoints must be >= 0, got -1");
-  CHECK(usage_error({"--bucket-mb", "-1"}) == "--bucket-mb must be >= 0, got -1");
-  CHECK(usage_error({"--compression", "int8"}) ==
-        "--compression must be one of none, fp16, bf16, got int8");
-  CHECK(usage_error({"--crash-rank", "0"}) == "--crash-rank and --crash-after-step go together");
-  CHECK(usage_error({"--elastic"}) ==
-        "--elastic needs --checkpoint-dir: each host's own folder for the commits");
-  CHECK(usage_error({"--elastic=1"}) == "--elastic takes no value");
-  CHECK(usage_error({"--epochs", "2", "--warmup-epochs", "3"}) ==
-        "--warmup-epochs (3) must not exceed --epochs (2)");
+TEST_CASE("bad flags are refused with the flag and what it accepts") {
+  CHECK(refused({"--bogus"}) == "The following argument was not expected: --bogus");
+  CHECK(refused({"--epochs"}) == "--epochs: 1 required INT:>= 1 missing");
+  CHECK(refused({"--epochs", "two"}) == "--epochs: must be an integer >= 1, got 'two'");
+  CHECK(refused({"--epochs", "3x"}) == "--epochs: must be an integer >= 1, got '3x'");
+  CHECK(refused({"--epochs=0"}) == "--epochs: must be an integer >= 1, got '0'");
+  CHECK(refused({"--batch-size", "-4"}) == "--batch-size: must be an integer >= 1, got '-4'");
+  CHECK(refused({"--lr", "0"}) == "--lr: must be a number > 0, got '0'");
+  CHECK(refused({"--lr", "nan"}) == "--lr: must be a number > 0, got 'nan'");
+  CHECK(refused({"--momentum", "1"}) == "--momentum: must be a number in [0, 1), got '1'");
+  CHECK(refused({"--weight-decay", "-1"}) == "--weight-decay: must be a number >= 0, got '-1'");
+  CHECK(refused({"--seed", "-1"}) == "--seed: must be an integer >= 0, got '-1'");
+  CHECK(refused({"--dataset", "mnist"}) ==
+        "--dataset: mnist not in {fashion-mnist,cifar10,imagefolder,synthetic}");
+  CHECK(refused({"--model", "resnet19"}).rfind("--model: resnet19 not in {resnet8,", 0) == 0);
+  CHECK(refused({"--norm", "layer"}) == "--norm: layer not in {batch,group}");
+  CHECK(refused({"--norm", "1"}) == "--norm: 1 not in {batch,group}");  // not the enum's number
+  CHECK(refused({"--norm", "group", "--sync-bn"}) ==
+        "--sync-bn: synchronizes batch norm; --norm group has none");
+  CHECK(refused({"--stem", "large"}) == "--stem: large not in {auto,standard,small}");
+  CHECK(refused({"--compression", "int8"}) == "--compression: int8 not in {none,fp16,bf16}");
+  CHECK(refused({"--resume"}) == "--resume requires --checkpoint-dir");
+  CHECK(refused({"--checkpoint-every", "10"}) == "--checkpoint-every requires --checkpoint-dir");
+  CHECK(refused({"--elastic"}) == "--elastic requires --checkpoint-dir");
+  CHECK(refused({"--keep-checkpoints", "-1"}) ==
+        "--keep-checkpoints: must be an integer >= 0, got '-1'");
+  CHECK(refused({"--bucket-mb", "-1"}) == "--bucket-mb: must be a number >= 0, got '-1'");
+  CHECK(refused({"--crash-rank", "0"}) == "--crash-rank requires --crash-after-step");
+  CHECK(refused({"--crash-after-step", "3"}) == "--crash-after-step requires --crash-rank");
+  CHECK(refused({"--epochs", "2", "--warmup-epochs", "3"}) ==
+        "--warmup-epochs: (3) must not exceed --epochs (2)");
 }
 
-TEST_CASE("the usage text documents every flag") {
-  const auto text = resnet::usage("resnet_train");
-  CHECK(text.rfind("usage: resnet_train [options]", 0) == 0);
+TEST_CASE("the help shows every flag a user sets, and none of the testing flags") {
+  const auto text = help_text();
   for (const char* flag :
        {"--model",          "--dataset", "--data-dir",   "--epochs",
         "--batch-size",     "--lr",      "--momentum",   "--weight-decay",
@@ -184,11 +155,17 @@ TEST_CASE("the usage text documents every flag") {
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
         "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
-        "--crash-rank",     "--crash-after-step", "--bucket-mb", "--elastic",
-        "--sync-bn",        "--compression"}) {
+        "--bucket-mb",      "--elastic", "--sync-bn",    "--compression"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }
+  for (const char* flag : {"--crash-rank", "--crash-after-step"}) {
+    CAPTURE(flag);
+    CHECK(text.find(flag) == std::string::npos);
+  }
+  // Each default at the end of its description.
+  CHECK(text.find("training epochs (default: 3)") != std::string::npos);
+  CHECK(text.find("(default: batch)") != std::string::npos);
 }
 
 TEST_CASE("threads: ranks x threads fill the cores this process may use, at least one each") {

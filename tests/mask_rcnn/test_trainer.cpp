@@ -66,11 +66,11 @@ std::string read_file(const fs::path& file) {
 
 }  // namespace
 
-TEST_CASE("trainer: a bad flag prints the usage and exits 2; --help exits 0") {
+TEST_CASE("trainer: a bad flag is refused with exit status 2; --help exits 0") {
   const auto bad = run_trainer({"--bogus"});
   CHECK(bad.exit_code == 2);
-  CHECK(contains(bad.output, "unknown option '--bogus'"));
-  CHECK(contains(bad.output, "usage: mask_rcnn_train [options]"));
+  CHECK(contains(bad.output, "mask_rcnn_train: The following argument was not expected: --bogus"));
+  CHECK(contains(bad.output, "Run with --help"));
   const auto coco = run_trainer({"--dataset", "coco"});
   CHECK(coco.exit_code == 2);
   CHECK(contains(coco.output, "--dataset coco needs --train-annotations"));
@@ -213,7 +213,7 @@ TEST_CASE("trainer --norm syncbn: 2 ranks with batch b end with the weights of 1
 
   const auto bad = run_trainer({"--norm", "layer"});
   CHECK(bad.exit_code == 2);
-  CHECK(contains(bad.output, "--norm must be one of group, batch, syncbn, got layer"));
+  CHECK(contains(bad.output, "--norm: layer not in {group,batch,syncbn}"));
 }
 
 namespace {

@@ -58,7 +58,7 @@ chmod +x "$work/bin/"*
 export PATH="$work/bin:$PATH"
 
 base=(build-essential cmake pkg-config mpich libmpich-dev libfmt-dev doctest-dev python3
-  nlohmann-json3-dev iproute2 libgloo-dev)
+  nlohmann-json3-dev iproute2 libgloo-dev libcli11-dev)
 failures=0
 fail() {
   echo "FAIL: $*" >&2
@@ -84,7 +84,7 @@ run
 
 # Two missing: one update, then exactly those two, non-interactive, without recommends.
 reset build-essential cmake pkg-config mpich libmpich-dev python3 nlohmann-json3-dev iproute2 \
-  libgloo-dev
+  libgloo-dev libcli11-dev
 run
 [[ $status == 0 ]] || fail "two missing: exit $status: $out"
 expected="DEBIAN_FRONTEND=noninteractive apt-get update
