@@ -3,10 +3,11 @@
 #       -P demo_without_cuda.cmake
 #
 # The README's demo on a machine without the CUDA toolkit (Note [libtorch without the CUDA
-# toolkit] in cmake/dtrainTorch.cmake): configures dtrain as tools/demo.sh does (a Release build),
-# with the CUDA-enabled libtorch and every CUDA_DIRS folder hidden from CMake and from PATH, builds
-# the ResNet trainer and runs it for a few steps on 2 ranks. It fails if the configure found a
-# toolkit after all, so it cannot pass by not hiding one.
+# toolkit] in cmake/dtrainTorch.cmake): configures dtrain as tools/demo.sh does (a Release build,
+# here with the packaging tests' lighter flags), with the CUDA-enabled libtorch and every CUDA_DIRS
+# folder hidden from CMake and from PATH, builds the ResNet trainer and runs it for a few steps on
+# 2 ranks. It fails if the configure found a toolkit after all, so it cannot pass by not hiding
+# one.
 cmake_minimum_required(VERSION 3.23)  # CMAKE_IGNORE_PREFIX_PATH
 foreach(var IN ITEMS SOURCE_DIR BINARY_DIR TORCH_PREFIX CUDA_DIRS MPIEXEC)
   if(NOT ${var})
