@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <iostream>
@@ -105,6 +106,13 @@ CLI::Option* add_enum_option(CLI::App& app, const std::string& flag, Enum& value
       ->transform(CLI::CheckedTransformer(names).description(""))
       ->transform(CLI::IsMember(accepted))
       ->default_str(default_name);
+}
+
+// Parses `args` (the flags, without the program's name) into what `app` declares, as the tests of
+// the trainers' command lines do; throws CLI::ParseError.
+inline void parse_arguments(CLI::App& app, std::vector<std::string> args) {
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+  app.parse(args);
 }
 
 // How main() ends after a command line that CLI11 (or a check of the trainer's own, throwing

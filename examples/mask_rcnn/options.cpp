@@ -149,8 +149,7 @@ TrainOptions parse_options(std::vector<std::string> args) {
   TrainOptions options;
   CLI::App app("", "mask_rcnn_train");
   add_options(app, options);
-  std::reverse(args.begin(), args.end());  // CLI11 takes them last first
-  app.parse(args);
+  examples::parse_arguments(app, std::move(args));
   return options;
 }
 

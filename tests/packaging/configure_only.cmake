@@ -10,17 +10,8 @@ foreach(var IN ITEMS SOURCE_DIR BINARY_DIR)
   endif()
 endforeach()
 
-set(args)
-set(after_separator OFF)
-math(EXPR last "${CMAKE_ARGC} - 1")
-foreach(i RANGE ${last})
-  if(after_separator)
-    string(REPLACE ";" "\\;" arg "${CMAKE_ARGV${i}}")  # keep -DLIST=a;b one argument
-    list(APPEND args "${arg}")
-  elseif(CMAKE_ARGV${i} STREQUAL "--")
-    set(after_separator ON)
-  endif()
-endforeach()
+include("${CMAKE_CURRENT_LIST_DIR}/script_arguments.cmake")
+dtrain_script_arguments(args)
 
 file(REMOVE_RECURSE "${BINARY_DIR}")  # no answers cached by an earlier run
 execute_process(COMMAND "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${BINARY_DIR}" ${args}
