@@ -214,9 +214,14 @@ def run(cluster, mount):
     env = job_environment()
     hosts_file = os.path.join(cluster.folder, "hosts")
     offer(hosts_file, [a, b, c])
+    # While `hold` exists the script does not answer: the test kills a host and takes it off
+    # the list as one change, as a cluster manager that notices the death would. Otherwise
+    # dtrainrun, which asks afresh as soon as a world fails, could see the dead host still
+    # offered (and start the next world on it) in the moment between the kill and the edit.
+    hold = os.path.join(cluster.folder, "hold")
     script = os.path.join(cluster.folder, "discover.sh")
     with open(script, "w") as f:
-        f.write(f"#!/bin/sh\ncat {hosts_file}\n")
+        f.write(f"#!/bin/sh\nwhile [ -e {hold} ]; do sleep 0.05; done\ncat {hosts_file}\n")
     os.chmod(script, 0o755)
     records = os.path.join(cluster.folder, "records")
     os.mkdir(records)
@@ -229,9 +234,11 @@ def run(cluster, mount):
         records, "--step-delay-ms", STEP_DELAY_MS]), env)
     try:
         job.wait_for(r"^\[0\]<stdout>:epoch +2 loss", "world 0's second epoch")
+        open(hold, "w").close()
         killed_at = time.monotonic()
         cluster.kill_processes([a])  # rank 0's host, with its disk
         offer(hosts_file, [b, c])
+        os.remove(hold)
         failed_at, _ = job.wait_for(r"dtrainrun: restart 1 of 2", "the failure's restart")
         back_at, _ = job.wait_for(r"^\[0\]<stdout>:generation 1: step \d+ done on 2 ranks",
                                   "world 1's first step")
