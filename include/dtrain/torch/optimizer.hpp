@@ -39,6 +39,7 @@
 // in 2.x).
 #include <torch/torch.h>
 
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -51,6 +52,7 @@
 
 #include <fmt/format.h>
 
+#include "dtrain/torch/optimizer_shards.hpp"
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/broadcast_parameters.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
@@ -100,6 +102,7 @@ inline void broadcast_module(torch::nn::Module& module, int root_rank = 0) {
 // of every parameter group) equal to root's, through libtorch's own optimizer serialization, so
 // state that root created lazily and other ranks have not created yet is handled.
 inline void broadcast_optimizer_state(torch::optim::Optimizer& optimizer, int root_rank = 0) {
+  detail::refuse_if_sharded(optimizer, "broadcast_optimizer_state");
   std::string bytes;
   if (rank() == root_rank) {
     torch::serialize::OutputArchive archive;
@@ -171,7 +174,7 @@ class DistributedOptimizer<Opt> {
         resolved.emplace_back(&p, it->second);
       }
     check_each_parameter_once(resolved);
-    for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
+    adopt(resolved);
   }
 
   // Without names: parameters are named by their position in the optimizer's groups, which must
@@ -191,7 +194,7 @@ class DistributedOptimizer<Opt> {
       ++g;
     }
     check_each_parameter_once(resolved);
-    for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
+    adopt(resolved);
   }
 
   DistributedOptimizer(const DistributedOptimizer&) = delete;
@@ -209,11 +212,21 @@ class DistributedOptimizer<Opt> {
 
   // Call after every backward pass; see Note [Gradient accumulation]. Returns true if it stepped.
   bool step() {
-    return gate_.step([&] { synchronize(); }, [&] { optimizer_->step(); });
+    return gate_.step([&] { synchronize(); },
+                      [&] {
+                        optimizer_->step();
+                        if (shards_) shards_->gather_parameters();
+                      });
   }
 
   // Completes the allreduce of every gradient now (submitting those whose hook did not fire).
+  // Sharded: reduce-scatters them, so that this rank's shard holds its part of the average and
+  // the model's gradients are zero (Note [Sharded optimizer state]).
   void synchronize() {
+    if (shards_) {
+      shards_->synchronize();
+      return;
+    }
     flush();
     wait_pending();
     for (auto& s : slots_) s->passes = 0;
@@ -224,6 +237,28 @@ class DistributedOptimizer<Opt> {
     submit_held();
     wait_pending();
     optimizer_->zero_grad();
+    if (shards_) shards_->zero_grad();
+  }
+
+  // After synchronize(): scales the averaged gradients so that their norm (norm_type 2 or
+  // infinity) is at most max_norm, as torch::nn::utils::clip_grad_norm_, and returns the norm
+  // before scaling. Sharded, the norm is that of the whole gradient, from every rank's shard.
+  //   opt.synchronize();
+  //   opt.clip_grad_norm(1.0);
+  //   { auto skip = opt.skip_synchronize(); opt.step(); }
+  double clip_grad_norm(double max_norm, double norm_type = 2.0) {
+    if (!(max_norm > 0) || !std::isfinite(max_norm))
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedOptimizer::clip_grad_norm: max_norm = {}: must be a positive "
+          "finite number", max_norm));
+    if (norm_type != 2.0 && !(std::isinf(norm_type) && norm_type > 0))
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedOptimizer::clip_grad_norm: norm_type = {}: 2 or infinity",
+          norm_type));
+    if (shards_) return shards_->clip_grad_norm(max_norm, norm_type);
+    std::vector<torch::Tensor> params;
+    for (auto& s : slots_) params.push_back(s->param);
+    return torch::nn::utils::clip_grad_norm_(params, max_norm, norm_type);
   }
 
   // Within the returned scope, the next step() uses the gradients as they are (already
@@ -276,6 +311,16 @@ class DistributedOptimizer<Opt> {
             "the optimizer's parameter groups (also as '{}'): list each parameter once",
             name, fmt::join(p->sizes(), ", "), *it->second));
     }
+  }
+
+  void adopt(std::vector<std::pair<torch::Tensor*, std::string>>& resolved) {
+    if (options_.shard == Shard::optimizer_state) {
+      std::vector<std::string> names;
+      for (auto& [p, name] : resolved) names.push_back(name);
+      shards_ = std::make_unique<detail::OptimizerShards>(*optimizer_, names, options_, prefix_);
+      return;
+    }
+    for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
   }
 
   void add_parameter(torch::Tensor& p, std::string name) {
@@ -392,6 +437,7 @@ class DistributedOptimizer<Opt> {
   std::vector<Slot*> bucket_;  // held gradients, in the order their hooks fired
   std::int64_t bucket_fill_ = 0;
   std::int64_t host_bucket_bytes_ = host_default_bucket_bytes();  // CPU gradients' default
+  std::unique_ptr<detail::OptimizerShards> shards_;  // Shard::optimizer_state
 };
 
 // Class template argument deduction does not see a partial specialization's constructors.

@@ -42,6 +42,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/serialize.hpp"
+#include "dtrain/torch/sharded_optimizers.hpp"
 
 namespace dtrain {
 namespace detail {
@@ -228,10 +229,12 @@ inline void load_optimizer_state(torch::optim::Optimizer& optimizer, const std::
 // Per-parameter state and every group's options (Note [libtorch objects in checkpoints]). SGD,
 // Adam, AdamW, ... find these through their base class.
 inline void dtrain_serialize(ObjectWriter& w, const torch::optim::Optimizer& optimizer) {
+  detail::refuse_if_sharded(optimizer, "saving the state");
   w.write(detail::optimizer_state_bytes(optimizer));
 }
 
 inline void dtrain_deserialize(ObjectReader& r, torch::optim::Optimizer& optimizer) {
+  detail::refuse_if_sharded(optimizer, "loading saved state");
   std::string bytes;
   r.read(bytes);
   detail::load_optimizer_state(optimizer, bytes);

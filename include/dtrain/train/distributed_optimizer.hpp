@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "dtrain/core/build_mode.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/range.hpp"
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/train/compression.hpp"
@@ -52,6 +53,11 @@ concept Optimizer = requires(Opt& o) {
   { optimizer_traits<Opt>::gradients(o) } -> Range;
 } && MutableTensor<range_value_t<decltype(optimizer_traits<Opt>::gradients(std::declval<Opt&>()))>>;
 
+// What each rank keeps of the optimizer: everything (none), or with optimizer_state the state of
+// 1/size of the parameters (ZeRO stage 1; libtorch optimizers, Note [Sharded optimizer state] in
+// torch/optimizer_shards.hpp).
+enum class Shard : std::uint8_t { none, optimizer_state };
+
 struct DistributedOptimizerOptions {
   ReduceOp op = ReduceOp::Average;              // Average or Sum
   Compression compression = Compression::none;  // 16-bit wire format for float32/float64 gradients
@@ -63,6 +69,7 @@ struct DistributedOptimizerOptions {
   // in groups of at least this many bytes; 0: each as backward produces it; unset: 25 MiB on
   // GPUs and across hosts, one group per step for CPU gradients on one host.
   std::optional<std::int64_t> bucket_bytes = std::nullopt;
+  Shard shard = Shard::none;  // libtorch optimizers only
 };
 
 namespace detail {
@@ -85,6 +92,11 @@ class DistributedOptimizer {
                   "gradients; see Note [Optimizer customization point]) — or include "
                   "<dtrain/torch.hpp> for libtorch optimizers");
     detail::validate(options_);
+    if (options_.shard != Shard::none)
+      throw InvalidArgumentError(
+          "dtrain: DistributedOptimizerOptions::shard: sharding needs the optimizer's parameters, "
+          "which optimizer_traits does not give: it is built for libtorch optimizers "
+          "(<dtrain/torch.hpp>) only");
     group_ = detail::optimizer_group_name(options_.name);
   }
 

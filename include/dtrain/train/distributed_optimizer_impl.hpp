@@ -29,6 +29,10 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
         "dtrain: DistributedOptimizerOptions::bucket_bytes = {}: must be at least 0 (0: each "
         "gradient is submitted as backward produces it)",
         *o.bucket_bytes));
+  if (o.shard != Shard::none && o.shard != Shard::optimizer_state)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::shard = {}: not a Shard (none or optimizer_state)",
+        static_cast<int>(o.shard)));
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
     throw InvalidArgumentError(
         "dtrain: DistributedOptimizerOptions::gradient_predivide_factor applies to "

@@ -1,0 +1,294 @@
+#pragma once
+// The sharded mode of DistributedOptimizer for libtorch (DistributedOptimizerOptions::shard =
+// Shard::optimizer_state): each rank keeps the optimizer state of 1/size of the parameters.
+//
+// Note [Sharded optimizer state]
+// ZeRO's first stage (Rajbhandari et al., SC'20). The parameters of each (parameter group, dtype,
+// device) are laid out in one flat buffer, padded to a multiple of the world size and cut into
+// size equal shards; a parameter may straddle two shards. The model's parameters become views into
+// the flat buffer and their gradients views into a second one, so backward accumulates in place
+// (Note [Gradient views]) and nothing is packed. The user's optimizer keeps its parameter groups
+// and their options, but each group's parameter list is replaced by this rank's shards, so the
+// state the optimizer creates lazily (momentum, Adam's moments) exists for the shard alone: 1/size
+// of it, plus at most size-1 padding elements per flat buffer. A step is
+//   1. a reduce-scatter of each flat gradient buffer: this rank receives its shard's average (the
+//      same prescale, postscale and 16-bit wire format as the allreduce path), which becomes the
+//      gradient of the shard tensor; the model's gradients are then zeroed, as consumed;
+//   2. the optimizer's own step() over the shards;
+//   3. an allgather of every shard into the flat parameter buffers, which the model reads.
+// Every optimizer whose update is elementwise in the parameters (SGD with momentum and weight
+// decay, Adam, AdamW, Adagrad, RMSprop) computes exactly what it computes unsharded, up to the
+// summation order of the reduction. LBFGS is refused: its step re-evaluates the loss and keeps
+// its history as whole-model vectors. An optimizer that already holds state is refused too: that
+// state belongs to the whole parameters, not to a shard.
+//
+// What this mode does not do yet, and refuses rather than gets wrong: a checkpoint or
+// broadcast_optimizer_state of the sharded optimizer (each rank holds different state; neither
+// gathers it), and gradients of a sparse layout. The reduce-scatter runs when step() (or
+// synchronize()) is called, after backward, not overlapped with it; the gradients are not
+// sharded during backward (ZeRO's second stage).
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/runtime/grouped_collectives.hpp"
+#include "dtrain/torch/sharded_optimizers.hpp"
+#include "dtrain/torch/tensor.hpp"
+#include "dtrain/train/distributed_optimizer.hpp"
+#include "dtrain/train/objects.hpp"
+
+namespace dtrain::detail {
+
+class OptimizerShards {
+ public:
+  // `names`: the optimizer's parameters in parameter-group order, as DistributedOptimizer named
+  // them. Collective: every rank must construct it, with the same parameters.
+  OptimizerShards(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
+                  const DistributedOptimizerOptions& options, std::string prefix)
+      : optimizer_(&optimizer), options_(options), prefix_(std::move(prefix)) {
+    if (dynamic_cast<torch::optim::LBFGS*>(&optimizer))
+      throw InvalidArgumentError(
+          "dtrain: DistributedOptimizer: Shard::optimizer_state cannot shard LBFGS: its step "
+          "re-evaluates the loss and keeps its history as vectors of the whole model");
+    if (!optimizer.state().empty())
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedOptimizer: Shard::optimizer_state needs an optimizer without state, "
+          "but this one holds state for {} parameter(s): wrap it before its first step and "
+          "before loading a checkpoint into it",
+          optimizer.state().size()));
+    check_same_parameters_everywhere(names);
+    build(names);
+    std::lock_guard lock(sharded_optimizers_mutex());
+    sharded_optimizers().insert(optimizer_);
+  }
+
+  OptimizerShards(const OptimizerShards&) = delete;
+  OptimizerShards& operator=(const OptimizerShards&) = delete;
+
+  ~OptimizerShards() {
+    std::lock_guard lock(sharded_optimizers_mutex());
+    sharded_optimizers().erase(optimizer_);
+  }
+
+  // Step 1 of Note [Sharded optimizer state]: each shard's gradient becomes this rank's slice of
+  // the average; the model's gradients are zeroed.
+  void synchronize() {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> wires;
+    for (auto& f : flats_) {
+      gather_gradients(f);
+      wires.push_back(wire_format(f.grads));
+    }
+    ReducescatterOptions rs;
+    rs.op = options_.op;
+    rs.prescale = 1.0 / options_.gradient_predivide_factor;
+    rs.postscale = options_.gradient_predivide_factor;
+    rs.name = prefix_ + ".shards";
+    auto slices = grouped_reducescatter(wires, rs);
+    for (std::size_t i = 0; i < flats_.size(); ++i) {
+      auto& f = flats_[i];
+      auto& grad = f.shard.mutable_grad();
+      if (!grad.defined()) grad = torch::empty_like(f.shard);
+      grad.copy_(slices[i]);
+      f.grads.zero_();
+    }
+  }
+
+  // Step 3: every rank's updated shard into every rank's flat parameters (the model's).
+  void gather_parameters() {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> shards;
+    for (auto& f : flats_) shards.push_back(f.shard);
+    auto gathered = grouped_allgather(shards, CollectiveOptions{prefix_ + ".parameters"});
+    for (std::size_t i = 0; i < flats_.size(); ++i) flats_[i].params.copy_(gathered[i]);
+  }
+
+  // Zeroes the model's gradients, and makes any that backward allocated afresh (after a
+  // zero_grad() that set them to undefined) views into the flat buffer again.
+  void zero_grad() {
+    torch::NoGradGuard no_grad;
+    for (auto& f : flats_) {
+      f.grads.zero_();
+      for (std::size_t j = 0; j < f.members.size(); ++j)
+        f.members[j].mutable_grad() = gradient_view(f, j);
+    }
+  }
+
+  // The norm (norm_type 2 or infinity) of the whole averaged gradient, from the shards' norms in
+  // one allreduce; scales every shard's gradient so that the norm is at most max_norm, as
+  // torch::nn::utils::clip_grad_norm_ would on the unsharded gradients. Call after synchronize().
+  double clip_grad_norm(double max_norm, double norm_type) {
+    torch::NoGradGuard no_grad;
+    const bool infinity = std::isinf(norm_type) && norm_type > 0;
+    double local = 0;
+    for (auto& f : flats_) {
+      const auto& g = f.shard.grad();
+      if (!g.defined()) continue;
+      if (infinity)
+        local = std::max(local, g.abs().max().item<double>());
+      else
+        local += g.to(torch::kFloat64).pow(2).sum().item<double>();
+    }
+    auto t = torch::full({1}, local, torch::kFloat64);
+    AllreduceOptions sum;
+    sum.op = infinity ? ReduceOp::Max : ReduceOp::Sum;
+    sum.name = prefix_ + ".clip_grad_norm";
+    allreduce(t, sum);
+    const double total = infinity ? t.item<double>() : std::sqrt(t.item<double>());
+    const double coefficient = max_norm / (total + 1e-6);
+    if (coefficient < 1)
+      for (auto& f : flats_)
+        if (f.shard.grad().defined()) f.shard.mutable_grad().mul_(coefficient);
+    return total;
+  }
+
+  // Elements of this rank's shards (what the optimizer steps).
+  std::int64_t shard_numel() const {
+    std::int64_t n = 0;
+    for (const auto& f : flats_) n += f.shard.numel();
+    return n;
+  }
+
+ private:
+  struct Flat {
+    std::size_t group = 0;
+    std::vector<torch::Tensor> members;  // the model's parameters, views into `params`
+    std::vector<std::int64_t> offsets;
+    torch::Tensor params;  // padded to a multiple of the world size
+    torch::Tensor grads;   // the same layout
+    torch::Tensor shard;   // this rank's slice of `params`: what the optimizer steps
+  };
+
+  static std::string describe(const torch::Tensor& p) {
+    return fmt::format("{} [{}] on {}", c10::toString(p.scalar_type()), fmt::join(p.sizes(), ", "),
+                       p.device().str());
+  }
+
+  // A rank whose parameters differ would lay out different shards and reduce unrelated values
+  // together: every rank compares every rank's list and names the first difference.
+  void check_same_parameters_everywhere(const std::vector<std::string>& names) const {
+    std::string mine;
+    std::size_t k = 0;
+    for (std::size_t g = 0; g < optimizer_->param_groups().size(); ++g)
+      for (const auto& p : optimizer_->param_groups()[g].params())
+        mine += fmt::format("group {} '{}': {}\n", g, names.at(k++), describe(p));
+    auto all = allgather_object(mine, prefix_ + ".shard_layout");
+    for (std::size_t r = 1; r < all.size(); ++r) {
+      if (all[r] == all[0]) continue;
+      std::size_t at = 0;
+      while (at < all[0].size() && at < all[r].size() && all[0][at] == all[r][at]) ++at;
+      auto line = [at](const std::string& s) {
+        auto begin = s.rfind('\n', at == 0 ? 0 : at - 1);
+        begin = begin == std::string::npos || at == 0 ? 0 : begin + 1;
+        auto end = s.find('\n', begin);
+        return begin >= s.size() ? std::string("(no more parameters)")
+                                 : s.substr(begin, end - begin);
+      };
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedOptimizer: Shard::optimizer_state needs the same parameters on "
+          "every rank, but rank {} has \"{}\" where rank 0 has \"{}\"",
+          r, line(all[r]), line(all[0])));
+    }
+  }
+
+  void build(const std::vector<std::string>& names) {
+    torch::NoGradGuard no_grad;
+    const std::int64_t ranks = size();
+    const std::int64_t me = rank();
+    auto& groups = optimizer_->param_groups();
+    std::size_t k = 0;
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      std::map<std::tuple<int, std::string>, std::size_t> flat_of;  // (dtype, device)
+      const std::size_t first = flats_.size();
+      for (auto& p : groups[g].params()) {
+        const std::string& name = names.at(k++);
+        if (p.is_sparse() || (p.grad().defined() && p.grad().is_sparse()))
+          throw InvalidArgumentError(fmt::format(
+              "dtrain: DistributedOptimizer: Shard::optimizer_state cannot shard parameter '{}': "
+              "its gradient is sparse",
+              name));
+        if (!p.is_floating_point())
+          throw InvalidArgumentError(fmt::format(
+              "dtrain: DistributedOptimizer: Shard::optimizer_state cannot shard parameter '{}' "
+              "({}): only floating-point parameters have gradients to reduce",
+              name, describe(p)));
+        auto key = std::make_tuple(static_cast<int>(p.scalar_type()), p.device().str());
+        auto [it, added] = flat_of.emplace(key, flats_.size());
+        if (added) flats_.push_back(Flat{g, {}, {}, {}, {}, {}});
+        auto& f = flats_[it->second];
+        f.offsets.push_back(f.members.empty() ? 0 : f.offsets.back() + f.members.back().numel());
+        f.members.push_back(p);
+      }
+      for (std::size_t i = first; i < flats_.size(); ++i) {
+        auto& f = flats_[i];
+        const std::int64_t numel = f.offsets.back() + f.members.back().numel();
+        const std::int64_t per_rank = std::max<std::int64_t>(1, (numel + ranks - 1) / ranks);
+        auto like = f.members.front();
+        f.params = torch::zeros({per_rank * ranks}, like.options().requires_grad(false));
+        f.grads = torch::zeros({per_rank * ranks}, like.options().requires_grad(false));
+        for (std::size_t j = 0; j < f.members.size(); ++j) {
+          auto& p = f.members[j];
+          auto slice = f.params.narrow(0, f.offsets[j], p.numel());
+          slice.copy_(p.detach().reshape({-1}));
+          p.set_data(slice.view(p.sizes()));
+          auto view = gradient_view(f, j);
+          if (p.grad().defined()) view.copy_(p.grad());
+          p.mutable_grad() = view;
+        }
+        f.shard = f.params.narrow(0, me * per_rank, per_rank);
+      }
+      std::vector<torch::Tensor> shards;
+      for (std::size_t i = first; i < flats_.size(); ++i) shards.push_back(flats_[i].shard);
+      groups[g].params() = std::move(shards);
+    }
+  }
+
+  static torch::Tensor gradient_view(const Flat& f, std::size_t j) {
+    const auto& p = f.members[j];
+    return f.grads.narrow(0, f.offsets[j], p.numel()).view(p.sizes());
+  }
+
+  // A gradient that is no longer its view (backward allocated one after the user's zero_grad set
+  // it to undefined) is copied into the flat buffer and made the view again.
+  static void gather_gradients(Flat& f) {
+    for (std::size_t j = 0; j < f.members.size(); ++j) {
+      auto& p = f.members[j];
+      auto& grad = p.mutable_grad();
+      auto view = gradient_view(f, j);
+      if (grad.defined() && grad.is_sparse())
+        throw InvalidArgumentError(
+            "dtrain: DistributedOptimizer: Shard::optimizer_state cannot reduce a sparse "
+            "gradient");
+      if (grad.defined() && grad.data_ptr() == view.data_ptr()) continue;
+      if (grad.defined())
+        view.copy_(grad);
+      else
+        view.zero_();
+      grad = view;
+    }
+  }
+
+  torch::Tensor wire_format(const torch::Tensor& grads) const {
+    if (options_.compression == Compression::none || grads.scalar_type() == torch::kHalf ||
+        grads.scalar_type() == torch::kBFloat16)
+      return grads;
+    return grads.to(options_.compression == Compression::fp16 ? torch::kHalf : torch::kBFloat16);
+  }
+
+  torch::optim::Optimizer* optimizer_;
+  DistributedOptimizerOptions options_;
+  std::string prefix_;
+  std::vector<Flat> flats_;
+};
+
+}  // namespace dtrain::detail

@@ -1,0 +1,243 @@
+// DistributedOptimizer with Shard::optimizer_state (Note [Sharded optimizer state]): the same
+// parameters as the unsharded DistributedOptimizer after every step, with 1/size of the optimizer
+// state on each rank; and the inputs it refuses.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dtrain/torch.hpp"
+#include "train/train_test_util.hpp"
+
+namespace {
+
+using namespace train_test;
+using dtrain::DistributedOptimizer;
+using dtrain::DistributedOptimizerOptions;
+using dtrain::Shard;
+
+// Relative agreement of the sharded and unsharded runs: they differ only in the summation order of
+// the reduction (a reduce-scatter against an allreduce).
+constexpr double kTolerance = 1e-6;
+
+// Sizes that no world size of 2, 3 or 4 divides, two layers the second group holds, a float64
+// parameter (a flat buffer of its own) and a head that only some steps use.
+struct ShardNetImpl : torch::nn::Module {
+  ShardNetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(7, 5))),
+        fc2(register_module("fc2", torch::nn::Linear(5, 3))),
+        aux(register_module("aux", torch::nn::Linear(5, 3))) {
+    scale = register_parameter("scale", torch::ones({3}, torch::kFloat64));
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool use_aux) {
+    auto h = torch::tanh(fc1(x));
+    auto y = fc2(h) * scale.to(torch::kFloat32);
+    return use_aux ? y + aux(h) : y;
+  }
+  torch::nn::Linear fc1, fc2, aux;
+  torch::Tensor scale;
+};
+TORCH_MODULE(ShardNet);
+
+// The same weights on every rank, from one seed.
+ShardNet make_model() {
+  torch::manual_seed(77);
+  return ShardNet();
+}
+
+// This rank's batch of step t: different on every rank, the same in both runs.
+std::pair<torch::Tensor, torch::Tensor> batch(std::int64_t t) {
+  torch::manual_seed(1000 + 17 * t + world_rank());
+  return {torch::randn({4, 7}), torch::randn({4, 3})};
+}
+
+torch::Tensor loss_of(ShardNet& model, std::int64_t t) {
+  auto [x, y] = batch(t);
+  return torch::mse_loss(model->forward(x, t % 2 == 1), y) * 5.0;
+}
+
+// Two parameter groups with different options: fc1 in the first, everything else in the second.
+template <class Opt, class Options>
+Opt make_optimizer(ShardNet& model, Options first, Options second) {
+  std::vector<torch::Tensor> rest;
+  for (auto& item : model->named_parameters())
+    if (item.key().rfind("fc1.", 0) != 0) rest.push_back(item.value());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(model->fc1->parameters(), std::make_unique<Options>(first));
+  groups.emplace_back(rest, std::make_unique<Options>(second));
+  return Opt(std::move(groups), first);
+}
+
+double max_relative_difference(ShardNet& a, ShardNet& b) {
+  double worst = 0;
+  auto pb = b->named_parameters();
+  for (auto& item : a->named_parameters()) {
+    const auto& other = pb[item.key()];
+    const auto diff = (item.value() - other).abs() / other.abs().clamp_min(1.0);
+    worst = std::max(worst, diff.max().item<double>());
+  }
+  return worst;
+}
+
+bool identical_on_all_ranks(torch::nn::Module& m) {
+  bool all = true;
+  for (auto& t : m.parameters())
+    all = same_on_all_ranks(t.data_ptr(), t.numel() * t.element_size()) && all;
+  return all;
+}
+
+// Elements of every tensor in the optimizer's state (step counts are not tensors in libtorch 2).
+std::int64_t state_elements(torch::optim::Optimizer& optimizer) {
+  std::int64_t n = 0;
+  for (auto& [key, state] : optimizer.state()) {
+    if (auto* s = dynamic_cast<torch::optim::AdamParamState*>(state.get()))
+      n += s->exp_avg().numel() + s->exp_avg_sq().numel();
+    if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(state.get()))
+      n += s->momentum_buffer().numel();
+  }
+  return n;
+}
+
+enum class Clip { no, yes };
+
+// `steps` updates of the unsharded and the sharded optimizer over two copies of one model.
+template <class Opt, class Options>
+void check_sharded_equals_unsharded(Options first, Options second, int passes, Clip clip) {
+  dtrain::init();
+  ShardNet plain_model = make_model(), sharded_model = make_model();
+  auto plain_opt = make_optimizer<Opt>(plain_model, first, second);
+  auto sharded_opt = make_optimizer<Opt>(sharded_model, first, second);
+  DistributedOptimizerOptions options;
+  options.backward_passes_per_step = passes;
+  DistributedOptimizer plain(plain_opt, plain_model->named_parameters(), options);
+  options.shard = Shard::optimizer_state;
+  DistributedOptimizer sharded(sharded_opt, sharded_model->named_parameters(), options);
+
+  ShardNet start = make_model();
+  const int steps = 5;
+  for (int t = 0; t < steps; ++t) {
+    plain.zero_grad();
+    sharded.zero_grad();
+    for (int j = 0; j < passes; ++j) {
+      loss_of(plain_model, t * passes + j).backward();
+      loss_of(sharded_model, t * passes + j).backward();
+      if (j + 1 < passes || clip == Clip::no) {
+        CHECK(plain.step() == (j + 1 == passes));
+        CHECK(sharded.step() == (j + 1 == passes));
+      }
+    }
+    if (clip == Clip::yes) {
+      plain.synchronize();
+      sharded.synchronize();
+      const double norm = plain.clip_grad_norm(0.5);
+      const double sharded_norm = sharded.clip_grad_norm(0.5);
+      CHECK(norm > 0.5);  // the clip did scale: the comparison can fail
+      CHECK(std::abs(norm - sharded_norm) <= 1e-6 * norm);
+      auto skip_plain = plain.skip_synchronize();
+      auto skip_sharded = sharded.skip_synchronize();
+      CHECK(plain.step());
+      CHECK(sharded.step());
+    }
+  }
+  const double err = max_relative_difference(sharded_model, plain_model);
+  CHECK_MESSAGE(err <= kTolerance, fmt::format("relative difference {:.3e}", err));
+  CHECK(max_relative_difference(plain_model, start) > 1e-3);  // the weights moved
+  CHECK(identical_on_all_ranks(*sharded_model));
+
+  // 1/size of the state, plus at most one padding element per flat buffer and state tensor
+  // (three buffers: fc1's floats; the second group's floats and its float64 parameter).
+  const double whole = static_cast<double>(state_elements(plain_opt));
+  const double mine = static_cast<double>(state_elements(sharded_opt));
+  const int tensors_per_parameter = std::is_same_v<Opt, torch::optim::Adam> ? 2 : 1;
+  CHECK(whole > 0);
+  CHECK(mine >= whole / world_size());
+  CHECK(mine < whole / world_size() + 3 * tensors_per_parameter);
+}
+
+}  // namespace
+
+TEST_CASE("Shard::optimizer_state: SGD with momentum and weight decay equals the unsharded run") {
+  auto first = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-2);
+  auto second = torch::optim::SGDOptions(0.02).momentum(0.5).nesterov(true).dampening(0);
+  SUBCASE("one backward pass per step") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 1, Clip::no);
+  }
+  SUBCASE("backward_passes_per_step = 2") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 2, Clip::no);
+  }
+  SUBCASE("clip_grad_norm between synchronize() and step()") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 1, Clip::yes);
+  }
+}
+
+TEST_CASE("Shard::optimizer_state: Adam equals the unsharded run") {
+  auto first = torch::optim::AdamOptions(1e-2).weight_decay(1e-3);
+  auto second = torch::optim::AdamOptions(3e-3).betas({0.8, 0.99}).amsgrad(false);
+  SUBCASE("one backward pass per step") {
+    check_sharded_equals_unsharded<torch::optim::Adam>(first, second, 1, Clip::no);
+  }
+  SUBCASE("backward_passes_per_step = 3 and clip_grad_norm") {
+    check_sharded_equals_unsharded<torch::optim::Adam>(first, second, 3, Clip::yes);
+  }
+}
+
+TEST_CASE("a sharded optimizer refuses what would make its state wrong, on every rank") {
+  dtrain::init();
+  DistributedOptimizerOptions options;
+  options.shard = Shard::optimizer_state;
+
+  SUBCASE("LBFGS") {
+    ShardNet model = make_model();
+    torch::optim::LBFGS lbfgs(model->parameters());
+    CHECK_THROWS_WITH_AS(DistributedOptimizer(lbfgs, model->named_parameters(), options),
+                         doctest::Contains("cannot shard LBFGS"), dtrain::InvalidArgumentError);
+  }
+  SUBCASE("an optimizer that already holds state") {
+    ShardNet model = make_model();
+    torch::optim::Adam adam(model->parameters());
+    loss_of(model, 0).backward();
+    adam.step();
+    CHECK_THROWS_WITH_AS(DistributedOptimizer(adam, model->named_parameters(), options),
+                         doctest::Contains("holds state for 5 parameter(s)"),
+                         dtrain::InvalidArgumentError);
+  }
+  SUBCASE("parameters that differ across ranks") {
+    ShardNet model = make_model();
+    std::vector<torch::Tensor> params = model->parameters();
+    if (world_rank() == world_size() - 1 && world_size() > 1) params.pop_back();
+    torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1));
+    if (world_size() > 1)
+      CHECK_THROWS_WITH_AS(
+          DistributedOptimizer(sgd, model->named_parameters(), options),
+          doctest::Contains(fmt::format("needs the same parameters on every rank, but rank {} has",
+                                        world_size() - 1).c_str()),
+          dtrain::InvalidArgumentError);
+  }
+  SUBCASE("saving or broadcasting the sharded state") {
+    ShardNet model = make_model();
+    torch::optim::Adam adam(model->parameters());
+    DistributedOptimizer sharded(adam, model->named_parameters(), options);
+    CHECK_THROWS_WITH_AS(dtrain::broadcast_optimizer_state(adam), doctest::Contains("is not built"),
+                         dtrain::InvalidArgumentError);
+    dtrain::ObjectWriter w;
+    CHECK_THROWS_WITH_AS(dtrain_serialize(w, static_cast<const torch::optim::Optimizer&>(adam)),
+                         doctest::Contains("saving the state"), dtrain::InvalidArgumentError);
+  }
+  SUBCASE("clip_grad_norm's arguments") {
+    ShardNet model = make_model();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    DistributedOptimizer sharded(sgd, model->named_parameters(), options);
+    CHECK_THROWS_WITH_AS(sharded.clip_grad_norm(0), doctest::Contains("max_norm = 0"),
+                         dtrain::InvalidArgumentError);
+    CHECK_THROWS_WITH_AS(sharded.clip_grad_norm(1, 1), doctest::Contains("norm_type = 1"),
+                         dtrain::InvalidArgumentError);
+  }
+  SUBCASE("a Shard that is not one") {
+    ShardNet model = make_model();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    options.shard = static_cast<Shard>(7);
+    CHECK_THROWS_WITH_AS(DistributedOptimizer(sgd, model->named_parameters(), options),
+                         doctest::Contains("shard = 7"), dtrain::InvalidArgumentError);
+  }
+}
