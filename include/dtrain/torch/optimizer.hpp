@@ -53,6 +53,7 @@
 #include <fmt/format.h>
 
 #include "dtrain/torch/optimizer_shards.hpp"
+#include "dtrain/torch/serialize.hpp"
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/broadcast_parameters.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
@@ -265,6 +266,28 @@ class DistributedOptimizer<Opt> {
   // synchronized by an explicit synchronize() call) instead of allreducing again.
   using SkipSynchronize = detail::StepGate::SkipScope;
   [[nodiscard]] SkipSynchronize skip_synchronize() { return gate_.skip_synchronize(); }
+
+  // Collective: the optimizer's whole state, to save as a shared checkpoint item; sharded, it is
+  // gathered from every rank (Note [Sharded state in checkpoints]). Unsharded, it is the
+  // optimizer's own state, as saving the optimizer itself would be.
+  //   checkpoint.save(progress, {{"model", *model}, {"optimizer", opt.gather_state()}});
+  //   resumed->load("model", *model); opt.load_state(resumed->get<dtrain::OptimizerState>(...));
+  OptimizerState gather_state() {
+    if (shards_) return shards_->gather_state();
+    OptimizerState out;
+    out.whole = detail::optimizer_state_bytes(*optimizer_);
+    return out;
+  }
+
+  // Not collective: this rank's part of a gathered state, whatever world size gathered it.
+  void load_state(const OptimizerState& state) {
+    if (shards_) return shards_->load_state(state);
+    if (state.sharded)
+      throw InvalidArgumentError(
+          "dtrain: DistributedOptimizer::load_state: the state was gathered from a "
+          "DistributedOptimizer with Shard::optimizer_state; this one is unsharded");
+    detail::load_optimizer_state(*optimizer_, state.whole);
+  }
 
   Opt& optimizer() noexcept { return *optimizer_; }
   const DistributedOptimizerOptions& options() const noexcept { return options_; }

@@ -22,16 +22,31 @@
 // its history as whole-model vectors. An optimizer that already holds state is refused too: that
 // state belongs to the whole parameters, not to a shard.
 //
-// What this mode does not do yet, and refuses rather than gets wrong: a checkpoint or
-// broadcast_optimizer_state of the sharded optimizer (each rank holds different state; neither
-// gathers it), and gradients of a sparse layout. The reduce-scatter runs when step() (or
-// synchronize()) is called, after backward, not overlapped with it; the gradients are not
-// sharded during backward (ZeRO's second stage).
+// Refused rather than got wrong: saving the sharded optimizer itself as a checkpoint item and
+// broadcast_optimizer_state (each rank holds different state; DistributedOptimizer::gather_state
+// is the way to save it, Note [Sharded state in checkpoints]), and gradients of a sparse layout.
+// Not built yet: the reduce-scatter runs when step() (or synchronize()) is called, after backward,
+// not overlapped with it; the gradients are not sharded during backward (ZeRO's second stage).
+//
+// Note [Sharded state in checkpoints]
+// Checkpoint saves shared items from rank 0 alone (Note [Checkpoint flow]), and a sharded
+// optimizer's state is spread over every rank, so it is gathered first, by a collective every
+// rank calls: gather_state() allgathers each shard-shaped field of each shard's state (momentum,
+// Adam's moments), one at a time, and cuts the padding off. The result describes the flat
+// buffers whole and is the same on every rank, which an elastic commit, written by one rank of
+// each host, needs too. Fields that are not shard-shaped (step counts) are equal on every rank
+// and kept as they are. load_state() takes its own slice of each field for the world size it
+// runs on: the flat layout depends on the parameters alone, never on the world size, so state
+// gathered on 3 ranks loads on 2 or 4. The cost is the whole state in memory on every rank while
+// it is gathered and saved. Per-rank files with a reshard on load would avoid that, but need
+// every rank to write and read its own file, which Checkpoint and elastic commits do not do.
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <map>
+#include <sstream>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -46,6 +61,26 @@
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
 #include "dtrain/train/objects.hpp"
+
+namespace dtrain {
+
+// An optimizer's whole state as DistributedOptimizer::gather_state() returns it: a value to save
+// as a shared checkpoint (or elastic commit) item, and to hand to load_state() on any world size.
+struct OptimizerState {
+  bool sharded = false;
+  std::string whole;                               // unsharded: libtorch's Optimizer::save bytes
+  std::string layout;                              // sharded: the parameters, one line each
+  std::vector<std::string> groups;                 // sharded: each group's options (lr, ...)
+  std::vector<std::string> flats;                  // sharded: per flat buffer, its state's archive
+  std::vector<std::vector<std::string>> gathered;  // ... and which of its fields span the buffer
+
+  template <class Self>
+  static auto tie_fields(Self& s) {
+    return std::tie(s.sharded, s.whole, s.layout, s.groups, s.flats, s.gathered);
+  }
+};
+
+}  // namespace dtrain
 
 namespace dtrain::detail {
 
@@ -152,6 +187,104 @@ class OptimizerShards {
     return total;
   }
 
+  // Collective. Every rank's state of every shard, spread back over the whole flat buffers
+  // (Note [Sharded state in checkpoints]).
+  OptimizerState gather_state() {
+    torch::NoGradGuard no_grad;
+    OptimizerState out;
+    out.sharded = true;
+    out.layout = layout_;
+    for (auto& group : optimizer_->param_groups()) out.groups.push_back(options_bytes(group));
+    for (std::size_t i = 0; i < flats_.size(); ++i) {
+      auto& f = flats_[i];
+      std::vector<std::string> gathered;
+      std::string archive;
+      if (auto* state = state_of(f)) {
+        torch::serialize::OutputArchive whole;
+        auto entries = archive_entries(*state);
+        for (auto& [key, value] : entries) {
+          if (value.isTensor() && value.toTensor().dim() == 1 &&
+              value.toTensor().numel() == f.shard.numel()) {
+            auto all = allgather(value.toTensor().contiguous(),
+                                 CollectiveOptions{fmt::format("{}.state.{}.{}", prefix_, i, key)});
+            whole.write(key, all.narrow(0, 0, numel_of(f)).clone());
+            gathered.push_back(key);
+          } else {
+            whole.write(key, value);
+          }
+        }
+        std::ostringstream os;
+        whole.save_to(os);
+        archive = std::move(os).str();
+      }
+      out.flats.push_back(std::move(archive));
+      out.gathered.push_back(std::move(gathered));
+    }
+    return out;
+  }
+
+  // Not collective: this rank's shard of a gathered state, on any world size.
+  void load_state(const OptimizerState& state) {
+    torch::NoGradGuard no_grad;
+    if (!state.sharded)
+      throw InvalidArgumentError(
+          "dtrain: DistributedOptimizer::load_state: the state was gathered from an unsharded "
+          "DistributedOptimizer; this one has Shard::optimizer_state");
+    if (state.layout != layout_)
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedOptimizer::load_state: the state belongs to other parameters: it "
+          "has {}",
+          first_difference(state.layout, layout_)));
+    if (state.flats.size() != flats_.size() || state.gathered.size() != flats_.size() ||
+        state.groups.size() != optimizer_->param_groups().size())
+      throw InvalidArgumentError(
+          "dtrain: DistributedOptimizer::load_state: the state's flat buffers do not match this "
+          "optimizer's");
+    for (std::size_t g = 0; g < state.groups.size(); ++g) {
+      torch::serialize::InputArchive in;
+      std::istringstream is(state.groups[g]);
+      in.load_from(is);
+      optimizer_->param_groups()[g].options().serialize(in);
+    }
+    bool missing = false;
+    for (std::size_t i = 0; i < flats_.size(); ++i)
+      missing = missing || (!state.flats[i].empty() && state_of(flats_[i]) == nullptr);
+    if (missing) create_state();
+    const std::int64_t me = rank();
+    for (std::size_t i = 0; i < flats_.size(); ++i) {
+      auto& f = flats_[i];
+      if (state.flats[i].empty()) {
+        optimizer_->state().erase(f.shard.unsafeGetTensorImpl());
+        continue;
+      }
+      torch::serialize::InputArchive whole;
+      std::istringstream is(state.flats[i]);
+      whole.load_from(is);
+      torch::serialize::OutputArchive mine;
+      const auto& gathered = state.gathered[i];
+      for (const auto& key : whole.keys()) {
+        c10::IValue value;
+        whole.read(key, value);
+        if (std::find(gathered.begin(), gathered.end(), key) == gathered.end()) {
+          mine.write(key, value);
+          continue;
+        }
+        const auto& all = value.toTensor();
+        const std::int64_t per_rank = f.shard.numel();
+        const std::int64_t begin = std::min(me * per_rank, all.numel());
+        const std::int64_t end = std::min((me + 1) * per_rank, all.numel());
+        auto slice = torch::zeros({per_rank}, all.options());
+        slice.narrow(0, 0, end - begin).copy_(all.narrow(0, begin, end - begin));
+        mine.write(key, slice.to(f.shard.device()));
+      }
+      std::stringstream bytes;
+      mine.save_to(bytes);
+      torch::serialize::InputArchive in;
+      in.load_from(bytes);
+      state_of(f)->serialize(in);
+    }
+  }
+
   // Elements of this rank's shards (what the optimizer steps).
   std::int64_t shard_numel() const {
     std::int64_t n = 0;
@@ -170,35 +303,41 @@ class OptimizerShards {
   };
 
   static std::string describe(const torch::Tensor& p) {
-    return fmt::format("{} [{}] on {}", c10::toString(p.scalar_type()), fmt::join(p.sizes(), ", "),
-                       p.device().str());
+    return fmt::format("{} [{}]", c10::toString(p.scalar_type()), fmt::join(p.sizes(), ", "));
   }
 
   // A rank whose parameters differ would lay out different shards and reduce unrelated values
   // together: every rank compares every rank's list and names the first difference.
-  void check_same_parameters_everywhere(const std::vector<std::string>& names) const {
-    std::string mine;
+  void check_same_parameters_everywhere(const std::vector<std::string>& names) {
     std::size_t k = 0;
     for (std::size_t g = 0; g < optimizer_->param_groups().size(); ++g)
       for (const auto& p : optimizer_->param_groups()[g].params())
-        mine += fmt::format("group {} '{}': {}\n", g, names.at(k++), describe(p));
-    auto all = allgather_object(mine, prefix_ + ".shard_layout");
+        layout_ += fmt::format("group {} '{}': {}\n", g, names.at(k++), describe(p));
+    auto all = allgather_object(layout_, prefix_ + ".shard_layout");
     for (std::size_t r = 1; r < all.size(); ++r) {
       if (all[r] == all[0]) continue;
       std::size_t at = 0;
       while (at < all[0].size() && at < all[r].size() && all[0][at] == all[r][at]) ++at;
-      auto line = [at](const std::string& s) {
-        auto begin = s.rfind('\n', at == 0 ? 0 : at - 1);
-        begin = begin == std::string::npos || at == 0 ? 0 : begin + 1;
-        auto end = s.find('\n', begin);
-        return begin >= s.size() ? std::string("(no more parameters)")
-                                 : s.substr(begin, end - begin);
-      };
+      auto line = [at](const std::string& s) { return line_at(s, at); };
       throw InvalidArgumentError(fmt::format(
           "dtrain: DistributedOptimizer: Shard::optimizer_state needs the same parameters on "
           "every rank, but rank {} has \"{}\" where rank 0 has \"{}\"",
           r, line(all[r]), line(all[0])));
     }
+  }
+
+  // The line of `s` that holds character `at`: a parameter of a layout description.
+  static std::string line_at(const std::string& s, std::size_t at) {
+    auto begin = at == 0 ? std::string::npos : s.rfind('\n', at - 1);
+    begin = begin == std::string::npos ? 0 : begin + 1;
+    auto end = s.find('\n', begin);
+    return begin >= s.size() ? std::string("(no more parameters)") : s.substr(begin, end - begin);
+  }
+
+  static std::string first_difference(const std::string& a, const std::string& b) {
+    std::size_t at = 0;
+    while (at < a.size() && at < b.size() && a[at] == b[at]) ++at;
+    return fmt::format("\"{}\" where the other has \"{}\"", line_at(a, at), line_at(b, at));
   }
 
   void build(const std::vector<std::string>& names) {
@@ -253,6 +392,56 @@ class OptimizerShards {
     }
   }
 
+  static std::int64_t numel_of(const Flat& f) {
+    return f.offsets.back() + f.members.back().numel();
+  }
+
+  torch::optim::OptimizerParamState* state_of(const Flat& f) const {
+    auto it = optimizer_->state().find(f.shard.unsafeGetTensorImpl());
+    return it == optimizer_->state().end() ? nullptr : it->second.get();
+  }
+
+  // A parameter state's fields as the optimizer writes them (tensors and numbers by name).
+  static std::vector<std::pair<std::string, c10::IValue>> archive_entries(
+      const torch::optim::OptimizerParamState& state) {
+    torch::serialize::OutputArchive out;
+    state.serialize(out);
+    std::stringstream bytes;
+    out.save_to(bytes);
+    torch::serialize::InputArchive in;
+    in.load_from(bytes);
+    std::vector<std::pair<std::string, c10::IValue>> entries;
+    for (const auto& key : in.keys()) {
+      c10::IValue value;
+      in.read(key, value);
+      entries.emplace_back(key, std::move(value));
+    }
+    return entries;
+  }
+
+  static std::string options_bytes(const torch::optim::OptimizerParamGroup& group) {
+    torch::serialize::OutputArchive out;
+    group.options().serialize(out);
+    std::ostringstream os;
+    out.save_to(os);
+    return std::move(os).str();
+  }
+
+  // The optimizer creates a shard's state object (of its own class) on its first step: one step
+  // with a learning rate of 0 and zero gradients makes them without moving a parameter, and
+  // load_state() then overwrites every field.
+  void create_state() {
+    std::vector<double> lrs;
+    for (auto& group : optimizer_->param_groups()) {
+      lrs.push_back(group.options().get_lr());
+      group.options().set_lr(0);
+    }
+    for (auto& f : flats_) f.shard.mutable_grad() = torch::zeros_like(f.shard);
+    optimizer_->step();
+    for (std::size_t g = 0; g < lrs.size(); ++g)
+      optimizer_->param_groups()[g].options().set_lr(lrs[g]);
+  }
+
   static torch::Tensor gradient_view(const Flat& f, std::size_t j) {
     const auto& p = f.members[j];
     return f.grads.narrow(0, f.offsets[j], p.numel()).view(p.sizes());
@@ -288,6 +477,7 @@ class OptimizerShards {
   torch::optim::Optimizer* optimizer_;
   DistributedOptimizerOptions options_;
   std::string prefix_;
+  std::string layout_;  // one line per parameter: group, name, dtype, shape
   std::vector<Flat> flats_;
 };
 
