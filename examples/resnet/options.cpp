@@ -101,6 +101,11 @@ void add_distributed_options(CLI::App& app, TrainOptions& o) {
                              {"fp16", dtrain::Compression::fp16},
                              {"bf16", dtrain::Compression::bf16}},
                             "gradients travel as 16-bit floats, widened back after averaging");
+  examples::add_enum_option(app, "--shard", o.shard,
+                            {{"none", dtrain::Shard::none},
+                             {"optimizer", dtrain::Shard::optimizer_state}},
+                            "optimizer: each rank keeps the momentum of 1/ranks of the parameters "
+                            "(ZeRO stage 1)");
 }
 
 void add_checkpoint_options(CLI::App& app, TrainOptions& o) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <dtrain/train/compression.hpp>
+#include <dtrain/train/distributed_optimizer.hpp>
 
 #include "common/testing_hooks.hpp"
 #include "models.hpp"
@@ -34,6 +35,7 @@ struct TrainOptions {
   std::int64_t threads = 0;              // 0: choose_threads()
   std::optional<double> bucket_mb;       // none: DistributedOptimizer's default by device
   dtrain::Compression compression = dtrain::Compression::none;  // the gradients' wire format
+  dtrain::Shard shard = dtrain::Shard::none;  // optimizer: each rank keeps 1/ranks of SGD's state
   std::int64_t max_steps_per_epoch = 0;  // 0: the whole training set every epoch
   std::int64_t eval_samples = 0;         // 0: the whole test set
   bool augment = false;                  // random crop (padding 2 or 4) + flip

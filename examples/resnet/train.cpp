@@ -346,12 +346,14 @@ std::shared_ptr<Classifier> build_model(const TrainOptions& options, const DataS
 }
 
 // dtrain: gradients are averaged over the ranks, in buckets (--bucket-mb to choose their size),
-// and cross the network as 16-bit floats with --compression fp16/bf16.
+// and cross the network as 16-bit floats with --compression fp16/bf16. With --shard optimizer
+// each rank keeps the momentum of its shard of the parameters only.
 dtrain::DistributedOptimizerOptions gradient_sync_options(const TrainOptions& options) {
   dtrain::DistributedOptimizerOptions sync;
   if (options.bucket_mb)
     sync.bucket_bytes = static_cast<std::int64_t>(*options.bucket_mb * (1 << 20));
   sync.compression = options.compression;
+  sync.shard = options.shard;
   return sync;
 }
 
@@ -421,6 +423,9 @@ class Training {
     if (options_.compression != dtrain::Compression::none)
       fmt::print("gradients travel as {} (--compression)\n",
                  resnet::compression_name(options_.compression));
+    if (options_.shard == dtrain::Shard::optimizer_state)
+      fmt::print("each rank keeps the optimizer state of 1/{} of the parameters (--shard)\n",
+                 dtrain::size());
     std::int64_t parameters = 0;
     for (const auto& p : model_->parameters()) parameters += p.numel();
     std::int64_t synchronized_norms = 0;
@@ -440,7 +445,7 @@ class Training {
     if (options_.resume && checkpoint_) {
       if (auto restored = checkpoint_->restore()) {  // collective: rank 0 reads, every rank loads
         restored->load("model", *model_);  // in place: the optimizer keeps its parameters
-        restored->load("optimizer", sgd_);
+        optimizer_.load_state(restored->get<dtrain::OptimizerState>("optimizer"));
         dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
         if (has_buffers_) load_buffers(*model_, restored->get<NamedBuffers>("rank_buffers"));
         if (options_.augment) restored->load("augment_rng", augment_rng_);
@@ -460,7 +465,8 @@ class Training {
     if (elastic_) {
       if (auto restored = elastic_->restore()) {  // dtrain: the newest commit any host holds
         restored->load("model", *model_);
-        restored->load("optimizer", sgd_);  // momentum intact across the resize
+        // momentum intact across the resize, sharded or not
+        optimizer_.load_state(restored->get<dtrain::OptimizerState>("optimizer"));
         dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
         const auto position = restored->get<dtrain::SamplerState>("sampler");
         sampler_.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
@@ -596,21 +602,22 @@ class Training {
     const auto torch_rng = dtrain::torch_rng_state();
     const auto buffers = named_buffers(*model_);
     const dtrain::TrainingProgress progress{.step = step_, .epoch = epoch};
+    const auto optimizer_state = optimizer_.gather_state();  // collective: every rank's shard
     if (has_buffers_ && options_.augment)
-      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
-                                   {"torch_rng", torch_rng}},
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
+                                   {"sampler", position}, {"torch_rng", torch_rng}},
                         {{"rank_buffers", buffers}, {"augment_rng", augment_rng_}});
     else if (has_buffers_)
-      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
-                                   {"torch_rng", torch_rng}},
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
+                                   {"sampler", position}, {"torch_rng", torch_rng}},
                         {{"rank_buffers", buffers}});
     else if (options_.augment)
-      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
-                                   {"torch_rng", torch_rng}},
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
+                                   {"sampler", position}, {"torch_rng", torch_rng}},
                         {{"augment_rng", augment_rng_}});
     else
-      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", sgd_}, {"sampler", position},
-                                   {"torch_rng", torch_rng}});
+      checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
+                                   {"sampler", position}, {"torch_rng", torch_rng}});
   }
 
   // dtrain: each host's writer commits the shared state; batch-norm statistics are made shared
@@ -619,9 +626,10 @@ class Training {
     average_buffers(*model_);
     const dtrain::SamplerState position = sampler_.state(taken);
     const auto torch_rng = dtrain::torch_rng_state();
-    elastic_->commit({.step = step_, .epoch = epoch}, {{"model", *model_}, {"optimizer", sgd_},
-                                                       {"sampler", position},
-                                                       {"torch_rng", torch_rng}});
+    const auto optimizer_state = optimizer_.gather_state();
+    elastic_->commit({.step = step_, .epoch = epoch},
+                     {{"model", *model_}, {"optimizer", optimizer_state}, {"sampler", position},
+                      {"torch_rng", torch_rng}});
     if (may_leave && elastic_->resize_requested()) {
       if (reporting()) {
         fmt::print("generation {}: committed step {}; leaving for a world of {} ranks\n",

@@ -244,7 +244,8 @@ TEST_CASE("trainer on 2 ranks: learns, and only rank 0 prints") {
   CHECK(epochs[2].test_accuracy > 75.0);  // four classes: chance is 25%
 }
 
-TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b; fp16 near them") {
+TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b; fp16 near them, "
+          "--shard optimizer on them") {
   // Group norm: batch norm would normalize each rank's half batch on its own statistics, which a
   // single process with the whole batch does not. Momentum and weight decay are on.
   TempDir dir;
@@ -291,6 +292,18 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
                                        initial->named_parameters());
   CHECK(rounded.worst > 0.0);
   CHECK(rounded.worst < 1e-2);
+
+  // --shard optimizer: each rank steps the momentum of half the parameters, from the halves of
+  // a reduce-scatter; the weights are the unsharded run's up to the summation order.
+  auto sharded_args = args("16", "sharded.pt");
+  sharded_args.insert(sharded_args.end(), {"--shard", "optimizer"});
+  const auto sharded = train(sharded_args, 2);
+  INFO(sharded.output);
+  REQUIRE(sharded.exit_code == 0);
+  const auto resharded = parameter_drift(load("sharded.pt")->named_parameters(),
+                                         load("two.pt")->named_parameters(),
+                                         initial->named_parameters());
+  CHECK(resharded.worst < 1e-4);
 }
 
 TEST_CASE("trainer --sync-bn: 2 ranks with batch b train as 1 rank with batch 2b and batch norm") {

@@ -251,8 +251,9 @@ namespace {
 struct Trainer {
   explicit Trainer(Shard shard)
       : model(make_model()),
-        adam(make_optimizer<torch::optim::Adam>(model, torch::optim::AdamOptions(1e-2),
-                                                torch::optim::AdamOptions(3e-3).weight_decay(1e-2))),
+        adam(make_optimizer<torch::optim::Adam>(
+            model, torch::optim::AdamOptions(1e-2),
+            torch::optim::AdamOptions(3e-3).weight_decay(1e-2))),
         dist(adam, model->named_parameters(), DistributedOptimizerOptions{.shard = shard}) {}
 
   void train(std::int64_t from, std::int64_t to) {
@@ -284,8 +285,8 @@ TEST_CASE("a sharded optimizer's gathered state resumes it bitwise, through a ch
   uninterrupted.train(0, 3);
   {
     dtrain::Checkpoint checkpoint({.directory = dir.path().string(), .name = "shard-resume"});
-    checkpoint.save({.step = 3},
-                    {{"model", *uninterrupted.model}, {"optimizer", uninterrupted.dist.gather_state()}});
+    const auto state = uninterrupted.dist.gather_state();
+    checkpoint.save({.step = 3}, {{"model", *uninterrupted.model}, {"optimizer", state}});
   }
   uninterrupted.train(3, 6);
 
@@ -304,8 +305,8 @@ TEST_CASE("a sharded optimizer's gathered state resumes it bitwise, through a ch
   SUBCASE("the state of one mode is refused by the other, and by other parameters") {
     Trainer unsharded(Shard::none);
     auto state = saved->get<dtrain::OptimizerState>("optimizer");
-    CHECK_THROWS_WITH_AS(unsharded.dist.load_state(state), doctest::Contains("this one is unsharded"),
-                         dtrain::InvalidArgumentError);
+    CHECK_THROWS_WITH_AS(unsharded.dist.load_state(state),
+                         doctest::Contains("this one is unsharded"), dtrain::InvalidArgumentError);
     CHECK_THROWS_WITH_AS(resumed.dist.load_state(unsharded.dist.gather_state()),
                          doctest::Contains("gathered from an unsharded"),
                          dtrain::InvalidArgumentError);
