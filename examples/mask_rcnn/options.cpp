@@ -62,6 +62,11 @@ void add_training_options(CLI::App& app, TrainOptions& o) {
       ->check(at_least<std::int64_t>(0));
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(examples::fraction());
   app.add_option("--weight-decay", o.weight_decay, "L2 penalty")->check(examples::non_negative());
+  examples::add_enum_option(app, "--shard", o.shard,
+                            {{"none", dtrain::Shard::none},
+                             {"optimizer", dtrain::Shard::optimizer_state}},
+                            "optimizer: each rank keeps the momentum of 1/ranks of the parameters "
+                            "(ZeRO stage 1)");
   app.add_flag_callback("--no-shuffle", [&o] { o.shuffle = false; },
                         "batches in size order, the same on every run (for comparisons)");
   app.add_option("--seed", o.seed, "seed of the weights, the data order, the shapes")

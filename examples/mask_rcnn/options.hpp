@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <c10/core/DeviceType.h>
+#include <dtrain/train/distributed_optimizer.hpp>
 
 #include <cstdint>
 #include <string>
@@ -32,6 +33,7 @@ struct TrainOptions {
   double lr = 0.02;                // for the global batch (ranks x --batch-size images)
   double momentum = 0.9;
   double weight_decay = 1e-4;
+  dtrain::Shard shard = dtrain::Shard::none;  // optimizer: each rank keeps 1/ranks of SGD's state
   std::int64_t warmup_iterations = 100;
   bool flip = false;               // random horizontal flips (always on for coco)
   bool shuffle = true;

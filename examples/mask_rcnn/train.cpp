@@ -219,8 +219,10 @@ void train(MaskRcnn& model, const DetectionDataset& data, const TrainOptions& o,
   torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(o.lr)
                                                  .momentum(o.momentum)
                                                  .weight_decay(o.weight_decay));
-  // dtrain: gradients are averaged over the ranks, each allreduce starting while backward runs.
-  dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters());
+  // dtrain: gradients are averaged over the ranks, each allreduce starting while backward runs;
+  // with --shard optimizer each rank keeps the momentum of its shard of the parameters only.
+  dtrain::DistributedOptimizer optimizer(sgd, model->named_parameters(),
+                                         dtrain::DistributedOptimizerOptions{.shard = o.shard});
 
   if (report) {
     fmt::print("{} steps per epoch, {:.1f} epochs\n", steps_per_epoch,

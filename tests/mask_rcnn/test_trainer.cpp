@@ -132,7 +132,7 @@ TEST_CASE("trainer smoke: 2 ranks train, losses fall, evaluation files are writt
   CHECK(read_file(again / "detections.json") == read_file(out / "detections.json"));
 }
 
-TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b") {
+TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b, sharded or not") {
   // Images of one size in size order (--no-shuffle): the 2-rank step t holds exactly the images
   // of the 1-rank step t. Group norm and losses normalized over the global batch make the
   // gradients the same up to rounding.
@@ -163,6 +163,17 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
   const auto drift = dtrain::test::parameter_drift(reference, distributed, initial);
   CHECK(drift.worst < 1e-4);
   CHECK(drift.moved > 1e-3);  // training did change the weights: the comparison is not vacuous
+
+  // --shard optimizer: each rank steps half the momentum; the weights stay the unsharded run's.
+  auto sharded_args = args("2", "sharded");
+  sharded_args.insert(sharded_args.end(), {"--shard", "optimizer"});
+  const auto sharded = run_trainer(sharded_args, 2);
+  INFO(sharded.output);
+  REQUIRE(sharded.exit_code == 0);
+  const auto resharded = dtrain::test::parameter_drift(
+      distributed, load_checkpoint(dir / "sharded" / "model.pt", info)->named_parameters(),
+      initial);
+  CHECK(resharded.worst < 1e-4);
 }
 
 TEST_CASE("trainer --norm syncbn: 2 ranks with batch b end with the weights of 1 rank with batch "
