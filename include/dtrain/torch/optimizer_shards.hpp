@@ -119,33 +119,41 @@ class OptimizerShards {
   // the average; the model's gradients are zeroed.
   void synchronize() {
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> wires;
+    std::vector<torch::Tensor> wires;  // alive until the op ends: the members refer to them
+    wires.reserve(flats_.size());
+    std::vector<detail::GroupMember> members;
     for (auto& f : flats_) {
       gather_gradients(f);
-      wires.push_back(wire_format(f.grads));
+      const auto& wire = wires.emplace_back(wire_format(f.grads));
+      auto out = wire.scalar_type() == f.shard_grad.scalar_type() ? f.shard_grad : f.wire_out;
+      if (!out.defined()) out = f.wire_out = torch::empty({f.shard.numel()}, wire.options());
+      members.push_back({TensorSource::input(wire), into(out, "reduce-scatter")});
     }
     ReducescatterOptions rs;
     rs.op = options_.op;
     rs.prescale = 1.0 / options_.gradient_predivide_factor;
     rs.postscale = options_.gradient_predivide_factor;
     rs.name = prefix_ + ".shards";
-    auto slices = grouped_reducescatter(wires, rs);
-    for (std::size_t i = 0; i < flats_.size(); ++i) {
-      auto& f = flats_[i];
+    Handle(submit_grouped_reducescatter(std::move(members), rs)).wait();
+    for (auto& f : flats_) {
+      if (f.wire_out.defined()) f.shard_grad.copy_(f.wire_out);
       auto& grad = f.shard.mutable_grad();
-      if (!grad.defined()) grad = torch::empty_like(f.shard);
-      grad.copy_(slices[i]);
+      if (!grad.defined() || grad.data_ptr() != f.shard_grad.data_ptr()) grad = f.shard_grad;
       f.grads.zero_();
     }
   }
 
-  // Step 3: every rank's updated shard into every rank's flat parameters (the model's).
+  // Step 3: every rank's updated shard into every rank's flat parameters (the model's), in
+  // place. The input is a copy of the shard: MPI forbids a send buffer inside the receive buffer.
   void gather_parameters() {
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> shards;
-    for (auto& f : flats_) shards.push_back(f.shard);
-    auto gathered = grouped_allgather(shards, CollectiveOptions{prefix_ + ".parameters"});
-    for (std::size_t i = 0; i < flats_.size(); ++i) flats_[i].params.copy_(gathered[i]);
+    std::vector<detail::GroupMember> members;
+    for (auto& f : flats_) {
+      f.send.copy_(f.shard);
+      members.push_back({TensorSource::input(f.send), into(f.params, "allgather")});
+    }
+    Handle(submit_grouped_allgather(std::move(members), CollectiveOptions{prefix_ + ".parameters"}))
+        .wait();
   }
 
   // Zeroes the model's gradients, and makes any that backward allocated afresh (after a
@@ -300,7 +308,24 @@ class OptimizerShards {
     torch::Tensor params;  // padded to a multiple of the world size
     torch::Tensor grads;   // the same layout
     torch::Tensor shard;   // this rank's slice of `params`: what the optimizer steps
+    torch::Tensor shard_grad;  // the shard's gradient: what the reduce-scatter writes
+    torch::Tensor wire_out;    // the reduce-scatter's 16-bit output, under compression
+    torch::Tensor send;        // the allgather's input: a copy of the shard
   };
+
+  // An output maker that hands the engine `out` itself, so that a collective writes where the
+  // result is used and allocates nothing.
+  static OutputMaker into(const torch::Tensor& out, const char* op) {
+    return [out, op](const Shape& shape) -> void* {
+      const auto numel = dims_product(shape, 0);
+      if (numel != out.numel())
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedOptimizer: the {} of a shard returned {} elements where {} were "
+            "laid out",
+            op, numel, out.numel()));
+      return out.data_ptr();
+    };
+  }
 
   static std::string describe(const torch::Tensor& p) {
     return fmt::format("{} [{}]", c10::toString(p.scalar_type()), fmt::join(p.sizes(), ", "));
@@ -363,7 +388,8 @@ class OptimizerShards {
               name, describe(p)));
         auto key = std::make_tuple(static_cast<int>(p.scalar_type()), p.device().str());
         auto [it, added] = flat_of.emplace(key, flats_.size());
-        if (added) flats_.push_back(Flat{g, {}, {}, {}, {}, {}});
+        if (added) flats_.push_back(Flat{});
+        flats_[it->second].group = g;
         auto& f = flats_[it->second];
         f.offsets.push_back(f.members.empty() ? 0 : f.offsets.back() + f.members.back().numel());
         f.members.push_back(p);
@@ -385,6 +411,8 @@ class OptimizerShards {
           p.mutable_grad() = view;
         }
         f.shard = f.params.narrow(0, me * per_rank, per_rank);
+        f.shard_grad = torch::zeros({per_rank}, f.params.options());
+        f.send = torch::empty({per_rank}, f.params.options());
       }
       std::vector<torch::Tensor> shards;
       for (std::size_t i = first; i < flats_.size(); ++i) shards.push_back(flats_[i].shard);
@@ -436,7 +464,10 @@ class OptimizerShards {
       lrs.push_back(group.options().get_lr());
       group.options().set_lr(0);
     }
-    for (auto& f : flats_) f.shard.mutable_grad() = torch::zeros_like(f.shard);
+    for (auto& f : flats_) {
+      f.shard_grad.zero_();
+      f.shard.mutable_grad() = f.shard_grad;
+    }
     optimizer_->step();
     for (std::size_t g = 0; g < lrs.size(); ++g)
       optimizer_->param_groups()[g].options().set_lr(lrs[g]);
