@@ -66,7 +66,8 @@ int main(int argc, char** argv) {
   auto model = resnet::make_model(model_name, {.in_channels = 3, .num_classes = 10,
                                                .norm = resnet::Norm::group});
   std::int64_t parameter_bytes = 0;
-  for (const auto& p : model->parameters()) parameter_bytes += static_cast<std::int64_t>(p.nbytes());
+  for (const auto& p : model->parameters())
+    parameter_bytes += static_cast<std::int64_t>(p.nbytes());
   torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(1e-3));
   dtrain::DistributedOptimizer optimizer(
       adam, model->named_parameters(),

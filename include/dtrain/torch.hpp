@@ -4,6 +4,7 @@
 // optimizer state; gradients as views into fusion memory (GradientViews); tensors, modules,
 // optimizers and generators as checkpoint items; SyncBatchNorm and convert_sync_batchnorm.
 #include "dtrain/dtrain.hpp"
+#include "dtrain/torch/broadcast_state.hpp"
 #include "dtrain/torch/convert_sync_batchnorm.hpp"
 #include "dtrain/torch/gradient_views.hpp"
 #include "dtrain/torch/optimizer.hpp"

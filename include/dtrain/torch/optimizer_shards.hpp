@@ -57,30 +57,12 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/runtime/grouped_collectives.hpp"
+#include "dtrain/torch/optimizer_state.hpp"
+#include "dtrain/torch/shard_layout.hpp"
 #include "dtrain/torch/sharded_optimizers.hpp"
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
 #include "dtrain/train/objects.hpp"
-
-namespace dtrain {
-
-// An optimizer's whole state as DistributedOptimizer::gather_state() returns it: a value to save
-// as a shared checkpoint (or elastic commit) item, and to hand to load_state() on any world size.
-struct OptimizerState {
-  bool sharded = false;
-  std::string whole;                               // unsharded: libtorch's Optimizer::save bytes
-  std::string layout;                              // sharded: the parameters, one line each
-  std::vector<std::string> groups;                 // sharded: each group's options (lr, ...)
-  std::vector<std::string> flats;                  // sharded: per flat buffer, its state's archive
-  std::vector<std::vector<std::string>> gathered;  // ... and which of its fields span the buffer
-
-  template <class Self>
-  static auto tie_fields(Self& s) {
-    return std::tie(s.sharded, s.whole, s.layout, s.groups, s.flats, s.gathered);
-  }
-};
-
-}  // namespace dtrain
 
 namespace dtrain::detail {
 
@@ -102,7 +84,7 @@ class OptimizerShards {
           "before loading a checkpoint into it",
           optimizer.state().size()));
     check_same_parameters_everywhere(names);
-    build(names);
+    flats_ = lay_out_shards(*optimizer_, names, size(), rank());
     std::lock_guard lock(sharded_optimizers_mutex());
     sharded_optimizers().insert(optimizer_);
   }
@@ -215,7 +197,7 @@ class OptimizerShards {
               value.toTensor().numel() == f.shard.numel()) {
             auto all = allgather(value.toTensor().contiguous(),
                                  CollectiveOptions{fmt::format("{}.state.{}.{}", prefix_, i, key)});
-            whole.write(key, all.narrow(0, 0, numel_of(f)).clone());
+            whole.write(key, all.narrow(0, 0, flat_numel(f)).clone());
             gathered.push_back(key);
           } else {
             whole.write(key, value);
@@ -301,18 +283,6 @@ class OptimizerShards {
   }
 
  private:
-  struct Flat {
-    std::size_t group = 0;
-    std::vector<torch::Tensor> members;  // the model's parameters, views into `params`
-    std::vector<std::int64_t> offsets;
-    torch::Tensor params;  // padded to a multiple of the world size
-    torch::Tensor grads;   // the same layout
-    torch::Tensor shard;   // this rank's slice of `params`: what the optimizer steps
-    torch::Tensor shard_grad;  // the shard's gradient: what the reduce-scatter writes
-    torch::Tensor wire_out;    // the reduce-scatter's 16-bit output, under compression
-    torch::Tensor send;        // the allgather's input: a copy of the shard
-  };
-
   // An output maker that hands the engine `out` itself, so that a collective writes where the
   // result is used and allocates nothing.
   static OutputMaker into(const torch::Tensor& out, const char* op) {
@@ -327,17 +297,13 @@ class OptimizerShards {
     };
   }
 
-  static std::string describe(const torch::Tensor& p) {
-    return fmt::format("{} [{}]", c10::toString(p.scalar_type()), fmt::join(p.sizes(), ", "));
-  }
-
   // A rank whose parameters differ would lay out different shards and reduce unrelated values
   // together: every rank compares every rank's list and names the first difference.
   void check_same_parameters_everywhere(const std::vector<std::string>& names) {
     std::size_t k = 0;
     for (std::size_t g = 0; g < optimizer_->param_groups().size(); ++g)
       for (const auto& p : optimizer_->param_groups()[g].params())
-        layout_ += fmt::format("group {} '{}': {}\n", g, names.at(k++), describe(p));
+        layout_ += fmt::format("group {} '{}': {}\n", g, names.at(k++), describe_parameter(p));
     auto all = allgather_object(layout_, prefix_ + ".shard_layout");
     for (std::size_t r = 1; r < all.size(); ++r) {
       if (all[r] == all[0]) continue;
@@ -351,108 +317,9 @@ class OptimizerShards {
     }
   }
 
-  // The line of `s` that holds character `at`: a parameter of a layout description.
-  static std::string line_at(const std::string& s, std::size_t at) {
-    auto begin = at == 0 ? std::string::npos : s.rfind('\n', at - 1);
-    begin = begin == std::string::npos ? 0 : begin + 1;
-    auto end = s.find('\n', begin);
-    return begin >= s.size() ? std::string("(no more parameters)") : s.substr(begin, end - begin);
-  }
-
-  static std::string first_difference(const std::string& a, const std::string& b) {
-    std::size_t at = 0;
-    while (at < a.size() && at < b.size() && a[at] == b[at]) ++at;
-    return fmt::format("\"{}\" where the other has \"{}\"", line_at(a, at), line_at(b, at));
-  }
-
-  void build(const std::vector<std::string>& names) {
-    torch::NoGradGuard no_grad;
-    const std::int64_t ranks = size();
-    const std::int64_t me = rank();
-    auto& groups = optimizer_->param_groups();
-    std::size_t k = 0;
-    for (std::size_t g = 0; g < groups.size(); ++g) {
-      std::map<std::tuple<int, std::string>, std::size_t> flat_of;  // (dtype, device)
-      const std::size_t first = flats_.size();
-      for (auto& p : groups[g].params()) {
-        const std::string& name = names.at(k++);
-        if (p.is_sparse() || (p.grad().defined() && p.grad().is_sparse()))
-          throw InvalidArgumentError(fmt::format(
-              "dtrain: DistributedOptimizer: Shard::optimizer_state cannot shard parameter '{}': "
-              "its gradient is sparse",
-              name));
-        if (!p.is_floating_point())
-          throw InvalidArgumentError(fmt::format(
-              "dtrain: DistributedOptimizer: Shard::optimizer_state cannot shard parameter '{}' "
-              "({}): only floating-point parameters have gradients to reduce",
-              name, describe(p)));
-        auto key = std::make_tuple(static_cast<int>(p.scalar_type()), p.device().str());
-        auto [it, added] = flat_of.emplace(key, flats_.size());
-        if (added) flats_.push_back(Flat{});
-        flats_[it->second].group = g;
-        auto& f = flats_[it->second];
-        f.offsets.push_back(f.members.empty() ? 0 : f.offsets.back() + f.members.back().numel());
-        f.members.push_back(p);
-      }
-      for (std::size_t i = first; i < flats_.size(); ++i) {
-        auto& f = flats_[i];
-        const std::int64_t numel = f.offsets.back() + f.members.back().numel();
-        const std::int64_t per_rank = std::max<std::int64_t>(1, (numel + ranks - 1) / ranks);
-        auto like = f.members.front();
-        f.params = torch::zeros({per_rank * ranks}, like.options().requires_grad(false));
-        f.grads = torch::zeros({per_rank * ranks}, like.options().requires_grad(false));
-        for (std::size_t j = 0; j < f.members.size(); ++j) {
-          auto& p = f.members[j];
-          auto slice = f.params.narrow(0, f.offsets[j], p.numel());
-          slice.copy_(p.detach().reshape({-1}));
-          p.set_data(slice.view(p.sizes()));
-          auto view = gradient_view(f, j);
-          if (p.grad().defined()) view.copy_(p.grad());
-          p.mutable_grad() = view;
-        }
-        f.shard = f.params.narrow(0, me * per_rank, per_rank);
-        f.shard_grad = torch::zeros({per_rank}, f.params.options());
-        f.send = torch::empty({per_rank}, f.params.options());
-      }
-      std::vector<torch::Tensor> shards;
-      for (std::size_t i = first; i < flats_.size(); ++i) shards.push_back(flats_[i].shard);
-      groups[g].params() = std::move(shards);
-    }
-  }
-
-  static std::int64_t numel_of(const Flat& f) {
-    return f.offsets.back() + f.members.back().numel();
-  }
-
-  torch::optim::OptimizerParamState* state_of(const Flat& f) const {
+  torch::optim::OptimizerParamState* state_of(const FlatShard& f) const {
     auto it = optimizer_->state().find(f.shard.unsafeGetTensorImpl());
     return it == optimizer_->state().end() ? nullptr : it->second.get();
-  }
-
-  // A parameter state's fields as the optimizer writes them (tensors and numbers by name).
-  static std::vector<std::pair<std::string, c10::IValue>> archive_entries(
-      const torch::optim::OptimizerParamState& state) {
-    torch::serialize::OutputArchive out;
-    state.serialize(out);
-    std::stringstream bytes;
-    out.save_to(bytes);
-    torch::serialize::InputArchive in;
-    in.load_from(bytes);
-    std::vector<std::pair<std::string, c10::IValue>> entries;
-    for (const auto& key : in.keys()) {
-      c10::IValue value;
-      in.read(key, value);
-      entries.emplace_back(key, std::move(value));
-    }
-    return entries;
-  }
-
-  static std::string options_bytes(const torch::optim::OptimizerParamGroup& group) {
-    torch::serialize::OutputArchive out;
-    group.options().serialize(out);
-    std::ostringstream os;
-    out.save_to(os);
-    return std::move(os).str();
   }
 
   // The optimizer creates a shard's state object (of its own class) on its first step: one step
@@ -473,31 +340,6 @@ class OptimizerShards {
       optimizer_->param_groups()[g].options().set_lr(lrs[g]);
   }
 
-  static torch::Tensor gradient_view(const Flat& f, std::size_t j) {
-    const auto& p = f.members[j];
-    return f.grads.narrow(0, f.offsets[j], p.numel()).view(p.sizes());
-  }
-
-  // A gradient that is no longer its view (backward allocated one after the user's zero_grad set
-  // it to undefined) is copied into the flat buffer and made the view again.
-  static void gather_gradients(Flat& f) {
-    for (std::size_t j = 0; j < f.members.size(); ++j) {
-      auto& p = f.members[j];
-      auto& grad = p.mutable_grad();
-      auto view = gradient_view(f, j);
-      if (grad.defined() && grad.is_sparse())
-        throw InvalidArgumentError(
-            "dtrain: DistributedOptimizer: Shard::optimizer_state cannot reduce a sparse "
-            "gradient");
-      if (grad.defined() && grad.data_ptr() == view.data_ptr()) continue;
-      if (grad.defined())
-        view.copy_(grad);
-      else
-        view.zero_();
-      grad = view;
-    }
-  }
-
   torch::Tensor wire_format(const torch::Tensor& grads) const {
     if (options_.compression == Compression::none || grads.scalar_type() == torch::kHalf ||
         grads.scalar_type() == torch::kBFloat16)
@@ -509,7 +351,7 @@ class OptimizerShards {
   DistributedOptimizerOptions options_;
   std::string prefix_;
   std::string layout_;  // one line per parameter: group, name, dtype, shape
-  std::vector<Flat> flats_;
+  std::vector<FlatShard> flats_;
 };
 
 }  // namespace dtrain::detail
