@@ -48,6 +48,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -291,8 +292,12 @@ class OptimizerShards {
       if (numel != out.numel())
         throw InvalidArgumentError(fmt::format(
             "dtrain: DistributedOptimizer: the {} of a shard returned {} elements where {} were "
-            "laid out",
-            op, numel, out.numel()));
+            "laid out{}",
+            op, numel, out.numel(),
+            std::string_view(op) == "allgather"
+                ? " (a rank that called join() has no shard to give: a sharded optimizer needs "
+                  "every rank in every step)"
+                : ""));
       return out.data_ptr();
     };
   }
