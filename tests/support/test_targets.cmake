@@ -58,10 +58,11 @@ function(dtrain_add_test name)
 endfunction()
 
 # dtrain_add_test_run(<name> TARGET <test target> RANKS <n...> [TIMEOUT <s>] [ENV <VAR=value...>]
-#                     [LABELS <l...>]): another run of an existing multi-process test binary,
-#                     under other settings (e.g. its collectives over Gloo).
+#                     [LABELS <l...>] [ARGS <arg...>]): another run of an existing multi-process
+#                     test binary, under other settings (e.g. its collectives over Gloo) or with
+#                     arguments for the binary (e.g. the doctest cases to run).
 function(dtrain_add_test_run name)
-  cmake_parse_arguments(T "" "TARGET;TIMEOUT" "RANKS;ENV;LABELS" ${ARGN})
+  cmake_parse_arguments(T "" "TARGET;TIMEOUT" "RANKS;ENV;LABELS;ARGS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 120)
   endif()
@@ -69,7 +70,7 @@ function(dtrain_add_test_run name)
     add_test(NAME ${name}.np${n}
              COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n} ${_dtrain_oversubscribe}
                      ${DTRAIN_TEST_MPIEXEC_FLAGS} ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${T_TARGET}>
-                     ${MPIEXEC_POSTFLAGS})
+                     ${MPIEXEC_POSTFLAGS} ${T_ARGS})
     set_tests_properties(${name}.np${n} PROPERTIES TIMEOUT ${T_TIMEOUT}
                          ENVIRONMENT "${T_ENV}" PROCESSORS ${n} LABELS "mpi;${T_LABELS}"
                          SKIP_RETURN_CODE 77)
