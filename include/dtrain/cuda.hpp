@@ -19,6 +19,7 @@ namespace dtrain::detail {
 inline bool register_cuda_support() noexcept {
   device_backend_factory() = &make_cuda_backend;
   cuda_allocator() = DeviceAllocator{&cuda_allocate, &cuda_deallocate};
+  device_converter() = &convert_on_device;
   nccl_version_provider() = [] { return nccl_version_string(); };
   return true;
 }

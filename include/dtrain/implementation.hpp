@@ -24,4 +24,5 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/train/checkpoint_impl.hpp"
 #include "dtrain/train/distributed_optimizer_impl.hpp"
 #include "dtrain/train/elastic_impl.hpp"
+#include "dtrain/train/gradient_hook_impl.hpp"
 #include "dtrain/train/objects_impl.hpp"

@@ -6,8 +6,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <thread>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/torch.hpp"
@@ -379,6 +380,57 @@ TEST_CASE("bucket_bytes decides which gradients backward submits and which wait 
                          doctest::Contains("DistributedOptimizerOptions::bucket_bytes = -1"),
                          dtrain::InvalidArgumentError);
   }
+}
+
+namespace {
+
+// Note [Gradient communication hooks]: a hook of one's own, handed the optimizer's buckets. It
+// averages through the built-in allreduce hook and records the buckets it saw.
+class RecordingHook final : public dtrain::GradientHook {
+ public:
+  std::unique_ptr<dtrain::PendingGradients> start(dtrain::GradientBucket bucket) override {
+    {
+      std::lock_guard lock(mutex);
+      buckets.push_back(bucket.names);
+      steps.push_back(bucket.step);
+    }
+    return inner->start(std::move(bucket));
+  }
+  std::string settings() const override { return "recording"; }
+
+  std::shared_ptr<dtrain::GradientHook> inner = dtrain::allreduce_hook();
+  std::mutex mutex;
+  std::vector<std::vector<std::string>> buckets;
+  std::vector<std::int64_t> steps;
+};
+
+}  // namespace
+
+TEST_CASE("the gradient hook gets each bucket as backward fills it, with its names and step") {
+  dtrain::init();
+  Chain chain;
+  dtrain::broadcast_module(*chain, 0);
+  torch::optim::SGD opt(chain->parameters(), sgd_options());
+  const Batch b = samples(std::vector<std::int64_t>{world_rank(), world_rank() + 5});
+  auto hook = std::make_shared<RecordingHook>();
+  DistributedOptimizerOptions options;
+  options.bucket_bytes = 300;  // fc3 and fc2 fill a bucket during backward; fc1 goes by step()
+  options.hook = hook;
+  options.name = "recorded";
+  DistributedOptimizer dist(opt, chain->named_parameters(), options);
+  for (int t = 0; t < 2; ++t) {
+    dist.zero_grad();
+    torch::mse_loss(chain->forward(b.x), b.y).backward();
+    CHECK(dist.step());
+  }
+  using Names = std::vector<std::string>;
+  const std::vector<Names> want{{"recorded.fc3.weight", "recorded.fc2.weight"},
+                                {"recorded.fc1.weight"}};
+  REQUIRE(hook->buckets.size() == 4);
+  CHECK(Names(hook->buckets[0]) == want[0]);
+  CHECK(Names(hook->buckets[1]) == want[1]);
+  CHECK(hook->steps == std::vector<std::int64_t>{0, 0, 1, 1});
+  CHECK(parameters_identical_on_all_ranks(*chain));
 }
 
 TEST_CASE("fp16 and bf16 compression of torch gradients stay within 16-bit rounding of the "

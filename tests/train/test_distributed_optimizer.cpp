@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "dtrain/dtrain.hpp"
@@ -343,8 +345,108 @@ TEST_CASE("invalid DistributedOptimizer options are InvalidArgumentError naming 
     CHECK_THROWS_WITH_AS(make(o), doctest::Contains("gradient_predivide_factor"),
                          InvalidArgumentError);
   }
+  {
+    DistributedOptimizerOptions o;
+    o.compression = static_cast<Compression>(7);
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("DistributedOptimizerOptions::compression"),
+                         InvalidArgumentError);
+  }
+  {
+    DistributedOptimizerOptions o;
+    o.hook = dtrain::allreduce_hook();
+    o.compression = Compression::fp16;
+    CHECK_THROWS_WITH_AS(make(o), doctest::Contains("both hook and compression"),
+                         InvalidArgumentError);
+  }
   DistributedOptimizerOptions ok;
   ok.backward_passes_per_step = 4;
   ok.gradient_predivide_factor = 8.0;
   CHECK_NOTHROW(make(ok));
+}
+
+namespace {
+
+// A hook of a user's own (Note [Gradient communication hooks]): allreduces with Sum whatever the
+// optimizer asks, then scales by `factor`, and records what it was handed.
+class ScaledSumHook final : public dtrain::GradientHook {
+ public:
+  explicit ScaledSumHook(double factor) : factor_(factor) {}
+
+  std::unique_ptr<dtrain::PendingGradients> start(dtrain::GradientBucket bucket) override {
+    ++buckets;
+    steps.push_back(bucket.step);
+    names = bucket.names;
+    std::vector<dtrain::Handle> handles;
+    for (std::size_t i = 0; i < bucket.gradients.size(); ++i)
+      handles.push_back(dtrain::allreduce_async(
+          bucket.gradients[i], {.op = ReduceOp::Sum, .name = bucket.names[i] + ".scaled_sum"}));
+    return std::make_unique<Pending>(std::move(bucket), std::move(handles), factor_);
+  }
+  std::string settings() const override { return "scaled sum " + std::to_string(factor_); }
+
+  int buckets = 0;
+  std::vector<std::int64_t> steps;
+  std::vector<std::string> names;
+
+ private:
+  struct Pending final : dtrain::PendingGradients {
+    Pending(dtrain::GradientBucket b, std::vector<dtrain::Handle> h, double f)
+        : bucket(std::move(b)), handles(std::move(h)), factor(f) {}
+    void wait() override {
+      for (auto& h : handles) h.wait();
+      for (auto& g : bucket.gradients)
+        for (std::int64_t i = 0; i < g.numel; ++i) static_cast<double*>(g.data)[i] *= factor;
+    }
+    dtrain::GradientBucket bucket;
+    std::vector<dtrain::Handle> handles;
+    double factor;
+  };
+  double factor_;
+};
+
+}  // namespace
+
+TEST_CASE("a hook of one's own decides how gradients travel: Sum scaled by 1/N is the average") {
+  dtrain::init();
+  const Shards shards;
+  const int steps = 3;
+  auto hook = std::make_shared<ScaledSumHook>(1.0 / world_size());
+  DistributedOptimizerOptions options;
+  options.op = ReduceOp::Sum;  // the hook ignores it: the result is still the average
+  options.hook = hook;
+  options.name = "custom_hook";
+  const Params got = distributed_run(shards, steps, options);
+  check_close(got, reference_run(shards, steps), kExactTolerance, "weights after hooked steps");
+  CHECK(hook->buckets == steps);  // one bucket per synchronization
+  CHECK(hook->steps == std::vector<std::int64_t>{0, 1, 2});
+  REQUIRE(hook->names.size() == init_params(0).size());
+  CHECK(hook->names[0] == "custom_hook.0");
+}
+
+TEST_CASE("compression_hook(fp16) is what Compression::fp16 does: the same weights, bit for bit") {
+  dtrain::init();
+  const Shards shards;
+  DistributedOptimizerOptions by_enum;
+  by_enum.compression = Compression::fp16;
+  DistributedOptimizerOptions by_hook;
+  by_hook.hook = dtrain::compression_hook(Compression::fp16);
+  const Params a = distributed_run(shards, 3, by_enum);
+  const Params b = distributed_run(shards, 3, by_hook);
+  CHECK(a == b);
+  // And fp16 did round: uncompressed steps differ.
+  CHECK(distributed_run(shards, 3, {}) != a);
+  CHECK_THROWS_AS(dtrain::compression_hook(static_cast<Compression>(9)),
+                  dtrain::InvalidArgumentError);
+}
+
+TEST_CASE("different hooks on different ranks fail on every rank, naming the ranks") {
+  dtrain::init();
+  if (world_size() < 2) return;
+  Sgd sgd = make_local_model();
+  DistributedOptimizerOptions options;
+  options.name = "mixed_hooks";
+  if (world_rank() == world_size() - 1) options.compression = Compression::bf16;
+  const std::string want = "rank(s) " + std::to_string(world_size() - 1) + " differ from rank 0";
+  auto make = [&] { DistributedOptimizer<Sgd> opt(sgd, options); };
+  CHECK_THROWS_WITH_AS(make(), doctest::Contains(want.c_str()), dtrain::InvalidArgumentError);
 }

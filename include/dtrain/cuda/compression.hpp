@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "dtrain/cuda/device.hpp"
 #include "dtrain/cuda/error.hpp"
 #include "dtrain/cuda/kernels.hpp"
 
@@ -73,4 +74,21 @@ inline void decompress(const void* src, DataType from, float* dst, std::int64_t 
 }
 
 }  // namespace cuda
+
+namespace detail {
+
+// The DeviceConverter <dtrain/cuda.hpp> registers (runtime/device_registry.hpp): float32 to a
+// 16-bit type or back, on `device`.
+inline void convert_on_device(const void* src, DataType from, void* dst, DataType to,
+                              std::int64_t n, int device, void* stream) {
+  DeviceGuard guard(device, "gradient compression");
+  const cuda::ConvertItem item{src, dst, n};
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (from == DataType::float32)
+    cuda::compress(std::span<const cuda::ConvertItem>(&item, 1), to, s);
+  else
+    cuda::decompress(std::span<const cuda::ConvertItem>(&item, 1), from, s);
+}
+
+}  // namespace detail
 }  // namespace dtrain

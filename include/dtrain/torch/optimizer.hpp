@@ -3,12 +3,13 @@
 //
 // Note [Gradient hooks]
 // A post-accumulate-grad hook on each parameter fires right after backward has written that
-// parameter's gradient into .grad(), and puts it in the current bucket; a bucket is submitted
-// (one allreduce per gradient, which the engine fuses) as soon as it holds bucket_bytes, so
+// parameter's gradient into .grad(), and puts it in the current bucket; a bucket is handed to the
+// gradient hook (Note [Gradient communication hooks] in train/gradient_hook.hpp: by default one
+// allreduce per gradient, which the engine fuses) as soon as it holds bucket_bytes, so
 // communication of the last layers' gradients can overlap the backward pass of the first layers
 // (Note [Gradient buckets]). step() submits what is still held and the gradients whose hook never
 // fired (parameters unused in this step: zeros if they have no gradient, so every rank still
-// submits the same names), waits for every handle, and applies the update. zero_grad() submits
+// submits the same names), waits for every bucket, and applies the update. zero_grad() submits
 // what is held and waits too, so a backward without a step leaves no rank waiting for another.
 //
 // Note [Gradient buckets]
@@ -41,6 +42,7 @@
 
 #include <cmath>
 #include <limits>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -86,6 +88,7 @@ class DistributedOptimizer<Opt> {
  public:
   // named_parameters: the model's named parameters (module->named_parameters()); names make the
   // allreduces match across ranks. Every parameter of the optimizer must be named exactly once.
+  // Collective: every rank constructs it, with the same options.
   DistributedOptimizer(Opt& optimizer,
                        const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
                        DistributedOptimizerOptions options = {})
@@ -175,6 +178,7 @@ class DistributedOptimizer<Opt> {
     flush();
     wait_pending();
     for (auto& s : slots_) s->passes = 0;
+    ++synchronizations_;
   }
 
   // Waits for in-flight allreduces before clearing the gradients they write into.
@@ -243,9 +247,8 @@ class DistributedOptimizer<Opt> {
     bool hooked = false;
     std::mutex mutex;  // the hook runs on autograd's thread
     int passes = 0;
-    bool held = false;  // in the bucket, not yet submitted
-    Handle handle;
-    torch::Tensor wire;  // compressed copy in flight
+    bool held = false;       // in the bucket, not yet submitted
+    bool submitted = false;  // handed to the gradient hook this step
   };
 
   // Note [Gradient hooks]
@@ -280,6 +283,7 @@ class DistributedOptimizer<Opt> {
     }
   }
 
+  // Collective in both modes: the sharded layout checks the parameters, the unsharded the hook.
   void adopt(std::vector<std::pair<torch::Tensor*, std::string>>& resolved) {
     if (options_.shard == Shard::optimizer_state) {
       std::vector<std::string> names;
@@ -287,6 +291,7 @@ class DistributedOptimizer<Opt> {
       shards_ = std::make_unique<detail::OptimizerShards>(*optimizer_, names, options_, prefix_);
       return;
     }
+    detail::check_same_hook_everywhere(*hook_, prefix_);
     for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
   }
 
@@ -305,15 +310,11 @@ class DistributedOptimizer<Opt> {
     std::int64_t bytes = 0, capacity = 0;
     {
       std::lock_guard lock(s.mutex);
-      if (++s.passes < options_.backward_passes_per_step || s.handle.valid() || s.held) return;
+      if (++s.passes < options_.backward_passes_per_step || s.submitted || s.held) return;
       const auto& grad = s.param.grad();
       capacity = options_.bucket_bytes.value_or(
           grad.defined() && !grad.is_cpu() ? kBucketBytes : host_bucket_bytes_);
-      if (capacity == 0) {
-        submit(s);
-        return;
-      }
-      s.held = true;
+      s.held = true;  // with capacity 0, the bucket below is full at once
       if (grad.defined()) bytes = grad.numel() * static_cast<std::int64_t>(grad.element_size());
     }
     std::vector<Slot*> full;
@@ -345,44 +346,47 @@ class DistributedOptimizer<Opt> {
     submit_unsubmitted(held);
   }
 
+  // Hands the gradients of `slots` not yet submitted this step to the hook, as one bucket.
   template <class Slots>
   void submit_unsubmitted(const Slots& slots) {
+    GradientBucket bucket;
+    bucket.options = detail::gradient_allreduce_options(options_, "");
+    torch::NoGradGuard no_grad;
     for (const auto& s : slots) {
       std::lock_guard lock(s->mutex);
-      if (!s->handle.valid()) submit(*s);
-    }
-  }
-
-  // Caller holds s.mutex.
-  void submit(Slot& s) {
-    s.held = false;
-    torch::NoGradGuard no_grad;
-    auto& grad = s.param.mutable_grad();
-    if (!grad.defined()) grad = torch::zeros_like(s.param);
-    auto options = detail::gradient_allreduce_options(options_, fmt::format("{}.{}", prefix_, s.name));
-    if (options_.compression != Compression::none && grad.is_floating_point() &&
-        grad.scalar_type() != torch::kHalf && grad.scalar_type() != torch::kBFloat16) {
-      s.wire = grad.to(options_.compression == Compression::fp16 ? torch::kHalf : torch::kBFloat16);
-      s.handle = allreduce_async(s.wire, options);
-    } else {
+      if (s->submitted) continue;
+      s->submitted = true;
+      s->held = false;
+      auto& grad = s->param.mutable_grad();
+      if (!grad.defined()) grad = torch::zeros_like(s->param);
       if (!grad.is_contiguous()) grad = grad.contiguous();
-      s.handle = allreduce_async(grad, options);
+      bucket.gradients.push_back(detail::mutable_view_of(grad));
+      bucket.names.push_back(fmt::format("{}.{}", prefix_, s->name));
     }
+    if (bucket.gradients.empty()) return;
+    bucket.step = synchronizations_.load();
+    auto work = hook_->start(std::move(bucket));
+    std::lock_guard lock(pending_mutex_);
+    pending_.push_back(std::move(work));
   }
 
   void wait_pending() {
+    std::vector<std::unique_ptr<PendingGradients>> pending;
+    {
+      std::lock_guard lock(pending_mutex_);
+      pending.swap(pending_);
+    }
     std::exception_ptr first;
-    for (auto& s : slots_) {
-      std::lock_guard lock(s->mutex);
-      if (!s->handle.valid()) continue;
+    for (auto& work : pending) {
       try {
-        s->handle.wait();
-        if (s->wire.defined()) s->param.mutable_grad().copy_(s->wire);
+        work->wait();
       } catch (...) {
         if (!first) first = std::current_exception();
       }
-      s->handle = Handle();
-      s->wire = torch::Tensor();
+    }
+    for (auto& s : slots_) {
+      std::lock_guard lock(s->mutex);
+      s->submitted = false;
     }
     if (first) std::rethrow_exception(first);
   }
@@ -405,6 +409,10 @@ class DistributedOptimizer<Opt> {
   std::int64_t bucket_fill_ = 0;
   std::int64_t host_bucket_bytes_ = host_default_bucket_bytes();  // CPU gradients' default
   std::unique_ptr<detail::OptimizerShards> shards_;  // Shard::optimizer_state
+  std::shared_ptr<GradientHook> hook_ = detail::gradient_hook(options_);
+  std::atomic<std::int64_t> synchronizations_{0};
+  std::mutex pending_mutex_;
+  std::vector<std::unique_ptr<PendingGradients>> pending_;  // started buckets
 };
 
 // Class template argument deduction does not see a partial specialization's constructors.

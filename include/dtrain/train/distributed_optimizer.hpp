@@ -19,17 +19,21 @@
 // carries over epoch boundaries; nothing asserts on a partial window, and synchronize() can be
 // called at any time to flush.
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "dtrain/core/build_mode.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/range.hpp"
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/train/compression.hpp"
+#include "dtrain/train/gradient_hook.hpp"
 #include "dtrain/train/step_gate.hpp"
 
 namespace dtrain {
@@ -70,6 +74,9 @@ struct DistributedOptimizerOptions {
   // GPUs and across hosts, one group per step for CPU gradients on one host.
   std::optional<std::int64_t> bucket_bytes = std::nullopt;
   Shard shard = Shard::none;  // libtorch optimizers only
+  // How the gradients travel (Note [Gradient communication hooks] in train/gradient_hook.hpp):
+  // unset, compression_hook(compression); set, this hook (compression must then be none).
+  std::shared_ptr<GradientHook> hook = nullptr;
 };
 
 namespace detail {
@@ -78,11 +85,15 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o);
 DTRAIN_API std::string optimizer_group_name(const std::string& given);
 DTRAIN_API AllreduceOptions gradient_allreduce_options(const DistributedOptimizerOptions& o,
                                                        std::string name);
+// The hook an optimizer with these options uses.
+DTRAIN_API std::shared_ptr<GradientHook> gradient_hook(const DistributedOptimizerOptions& o);
 }  // namespace detail
 
 template <class Opt>
 class DistributedOptimizer {
  public:
+  // Collective: every rank constructs its DistributedOptimizers in the same order (their names
+  // match across ranks) and with the same hook.
   explicit DistributedOptimizer(Opt& optimizer, DistributedOptimizerOptions options = {})
       : optimizer_(&optimizer),
         options_(std::move(options)),
@@ -98,6 +109,8 @@ class DistributedOptimizer {
           "which optimizer_traits does not give: it is built for libtorch optimizers "
           "(<dtrain/torch.hpp>) only");
     group_ = detail::optimizer_group_name(options_.name);
+    hook_ = detail::gradient_hook(options_);
+    detail::check_same_hook_everywhere(*hook_, group_);
   }
 
   // Counts one backward pass; every backward_passes_per_step-th call allreduces the gradients
@@ -106,18 +119,18 @@ class DistributedOptimizer {
     return gate_.step([&] { synchronize(); }, [&] { optimizer_traits<Opt>::step(*optimizer_); });
   }
 
-  // Allreduces the gradients now (blocking), e.g. to clip them before step().
+  // Combines the gradients across ranks now (blocking), e.g. to clip them before step().
   void synchronize() {
+    GradientBucket bucket;
+    bucket.options = detail::gradient_allreduce_options(options_, group_);
+    bucket.step = synchronizations_;
     auto&& grads = optimizer_traits<Opt>::gradients(*optimizer_);
-    std::vector<TensorView> views;
     for (auto& g : grads) {
-      using G = std::remove_cvref_t<decltype(g)>;
-      views.emplace_back(traits_of<G>::mutable_data(g), traits_of<G>::numel(g),
-                         traits_of<G>::dtype(g), traits_of<G>::device(g), detail::shape_of(g),
-                         detail::stream_of(g));
+      bucket.names.push_back(fmt::format("{}.{}", group_, bucket.gradients.size()));
+      bucket.gradients.push_back(detail::mutable_view_of(g));
     }
-    compressor_.allreduce(views, detail::gradient_allreduce_options(options_, group_),
-                          options_.compression);
+    hook_->start(std::move(bucket))->wait();
+    ++synchronizations_;
   }
 
   // Within the returned scope, the next step() uses the gradients as they are (already
@@ -133,7 +146,8 @@ class DistributedOptimizer {
   DistributedOptimizerOptions options_;
   std::string group_;
   detail::StepGate gate_;
-  detail::GradientCompressor compressor_;
+  std::shared_ptr<GradientHook> hook_;
+  std::int64_t synchronizations_ = 0;
 };
 
 }  // namespace dtrain

@@ -33,6 +33,19 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
     throw InvalidArgumentError(fmt::format(
         "dtrain: DistributedOptimizerOptions::shard = {}: not a Shard (none or optimizer_state)",
         static_cast<int>(o.shard)));
+  if (o.compression != Compression::none && o.compression != Compression::fp16 &&
+      o.compression != Compression::bf16)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::compression = {}: not a Compression (none, fp16 or "
+        "bf16)", static_cast<int>(o.compression)));
+  if (o.hook && o.compression != Compression::none)
+    throw InvalidArgumentError(
+        "dtrain: DistributedOptimizerOptions: both hook and compression are set: the hook decides "
+        "how gradients travel; for a 16-bit wire format use hook = compression_hook(...) alone");
+  if (o.hook && o.shard != Shard::none)
+    throw InvalidArgumentError(
+        "dtrain: DistributedOptimizerOptions: hook with Shard::optimizer_state: a sharded "
+        "optimizer reduce-scatters its gradients and does not call gradient hooks");
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
     throw InvalidArgumentError(
         "dtrain: DistributedOptimizerOptions::gradient_predivide_factor applies to "
@@ -52,5 +65,9 @@ DTRAIN_API AllreduceOptions gradient_allreduce_options(const DistributedOptimize
   a.postscale = o.gradient_predivide_factor;
   a.name = std::move(name);
   return a;
+}
+
+DTRAIN_API std::shared_ptr<GradientHook> gradient_hook(const DistributedOptimizerOptions& o) {
+  return o.hook ? o.hook : compression_hook(o.compression);
 }
 }  // namespace dtrain::detail
