@@ -36,7 +36,10 @@ joined=$(IFS='|'; echo "${tests[*]}")
 pattern="^(${joined//./[.]})\$"
 
 # No libtorch, no device path and no debug information: this configuration is about the MPI.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_MPI=openmpi \
+# -O1: these tests check what differs between the MPIs, which the optimizer does not change, and
+# -O1 compiles dtrain's engine in 40% less time than Release's -O3 (42 s against 71 s).
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -DNDEBUG" \
+  -DDTRAIN_MPI=openmpi \
   -DDTRAIN_WITH_CUDA=OFF -DDTRAIN_BUILD_EXAMPLES=OFF -DDTRAIN_BUILD_BENCHMARKS=OFF
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 cd "$build"
