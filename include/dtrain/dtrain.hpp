@@ -24,6 +24,8 @@
 #include "dtrain/train/distributed_optimizer.hpp"
 #include "dtrain/train/elastic.hpp"
 #include "dtrain/train/gradient_buffer.hpp"
+#include "dtrain/train/gradient_hook.hpp"
 #include "dtrain/train/lr_schedule.hpp"
 #include "dtrain/train/metrics.hpp"
 #include "dtrain/train/objects.hpp"
+#include "dtrain/train/powersgd.hpp"

@@ -26,3 +26,4 @@ file of the program, or leave it out and use dtrain header-only (no implementati
 #include "dtrain/train/elastic_impl.hpp"
 #include "dtrain/train/gradient_hook_impl.hpp"
 #include "dtrain/train/objects_impl.hpp"
+#include "dtrain/train/powersgd_impl.hpp"
