@@ -20,6 +20,7 @@ double reference_reduce(dtrain::ReduceOp op, int size, ValueOf&& value_of) {
       case dtrain::ReduceOp::Min: acc = std::min(acc, v); break;
       case dtrain::ReduceOp::Max: acc = std::max(acc, v); break;
       case dtrain::ReduceOp::Product: acc *= v; break;
+      case dtrain::ReduceOp::Adasum: break;  // not element-wise: tests/mpi/test_adasum.cpp
     }
   }
   if (op == dtrain::ReduceOp::Average) acc /= size;

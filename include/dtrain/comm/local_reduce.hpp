@@ -56,6 +56,7 @@ inline V apply_op(ReduceOp op, V a, V b) noexcept {
     case ReduceOp::Min: return b < a ? b : a;
     case ReduceOp::Max: return b > a ? b : a;
     case ReduceOp::Product: return static_cast<V>(a * b);
+    case ReduceOp::Adasum: break;  // never reaches a reduction (Note [Adasum tree])
   }
   return a;
 }
@@ -81,6 +82,7 @@ void reduce_into(ReduceOp op, const T* in, T* inout, std::int64_t n) noexcept {
       case ReduceOp::Product:
         for (std::int64_t i = 0; i < n; ++i) inout[i] = static_cast<T>(in[i] * inout[i]);
         break;
+      case ReduceOp::Adasum: break;  // never reaches a reduction (Note [Adasum tree])
     }
   }
 }

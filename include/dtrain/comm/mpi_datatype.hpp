@@ -83,6 +83,7 @@ inline MPI_Op mpi_op(ReduceOp op, DataType dtype) {
     case ReduceOp::Min: return MPI_MIN;
     case ReduceOp::Max: return MPI_MAX;
     case ReduceOp::Product: return MPI_PROD;
+    case ReduceOp::Adasum: break;  // never reaches MPI as an op (Note [Adasum tree])
   }
   return MPI_SUM;
 }

@@ -9,7 +9,12 @@ namespace dtrain {
 // Average divides the sum by the number of ranks that contributed (ranks that joined do not
 // count). It is defined for floating-point tensors only: an integer average would silently
 // truncate, so dtrain asks for Sum and an explicit division instead.
-enum class ReduceOp : std::uint8_t { Average, Sum, Min, Max, Product };
+//
+// Adasum (Maleki et al., MLSys'21; Horovod's hvd.Adasum) combines gradients pairwise, scaling down
+// what two vectors have in common: adasum(a, b) = (1 - a·b/2|a|²) a + (1 - a·b/2|b|²) b, so
+// orthogonal gradients add and identical ones average. allreduce and grouped_allreduce only, on
+// host float32/float64 tensors (Note [Adasum tree] in runtime/detail/adasum_tree.hpp).
+enum class ReduceOp : std::uint8_t { Average, Sum, Min, Max, Product, Adasum };
 
 constexpr std::string_view to_string(ReduceOp op) noexcept {
   switch (op) {
@@ -18,6 +23,7 @@ constexpr std::string_view to_string(ReduceOp op) noexcept {
     case ReduceOp::Min: return "Min";
     case ReduceOp::Max: return "Max";
     case ReduceOp::Product: return "Product";
+    case ReduceOp::Adasum: return "Adasum";
   }
   return "unknown";
 }

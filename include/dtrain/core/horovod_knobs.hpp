@@ -44,7 +44,7 @@ inline constexpr std::string_view nvtx =
 // dtrain settings are read, not ignored).
 inline constexpr HorovodKnob horovod_unmapped_knobs[] = {
     {"HOROVOD_ADASUM_MPI_CHUNK_SIZE",
-     "Adasum is not supported; DTRAIN_MPI_CHUNK_BYTES bounds every MPI call of a reduction"},
+     "DTRAIN_MPI_CHUNK_BYTES bounds every MPI call of a reduction, Adasum's exchanges included"},
     {"HOROVOD_ALLOW_MIXED_GPU_IMPL", horovod_instead::gpu_ops},
     {"HOROVOD_BATCH_D2D_MEMCOPIES",
      "dtrain always packs the tensors of a fused device op with batched kernels"},

@@ -79,6 +79,7 @@ inline ncclRedOp_t nccl_op(ReduceOp op) noexcept {
     case ReduceOp::Min: return ncclMin;
     case ReduceOp::Max: return ncclMax;
     case ReduceOp::Product: return ncclProd;
+    case ReduceOp::Adasum: break;  // host tensors only (Note [Adasum tree])
   }
   return ncclSum;
 }

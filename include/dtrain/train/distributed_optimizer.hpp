@@ -63,7 +63,7 @@ concept Optimizer = requires(Opt& o) {
 enum class Shard : std::uint8_t { none, optimizer_state };
 
 struct DistributedOptimizerOptions {
-  ReduceOp op = ReduceOp::Average;              // Average or Sum
+  ReduceOp op = ReduceOp::Average;              // Average, Sum or Adasum
   Compression compression = Compression::none;  // 16-bit wire format for float32/float64 gradients
   int backward_passes_per_step = 1;             // see Note [Gradient accumulation]
   double gradient_predivide_factor = 1.0;       // Average only: divide by f before the sum and

@@ -12,9 +12,10 @@
 namespace dtrain::detail {
 
 DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
-  if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum)
+  if (o.op != ReduceOp::Average && o.op != ReduceOp::Sum && o.op != ReduceOp::Adasum)
     throw InvalidArgumentError(fmt::format(
-        "dtrain: DistributedOptimizerOptions::op = {}: gradients are combined with Average or Sum",
+        "dtrain: DistributedOptimizerOptions::op = {}: gradients are combined with Average, Sum "
+        "or Adasum",
         o.op));
   if (o.backward_passes_per_step < 1)
     throw InvalidArgumentError(fmt::format(
@@ -46,6 +47,15 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
     throw InvalidArgumentError(
         "dtrain: DistributedOptimizerOptions: hook with Shard::optimizer_state: a sharded "
         "optimizer reduce-scatters its gradients and does not call gradient hooks");
+  if (o.op == ReduceOp::Adasum && o.compression != Compression::none)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: DistributedOptimizerOptions::op = Adasum with compression = {}: Adasum combines "
+        "float32 and float64 gradients only, not their 16-bit wire form; set compression = none",
+        o.compression == Compression::fp16 ? "fp16" : "bf16"));
+  if (o.op == ReduceOp::Adasum && o.shard != Shard::none)
+    throw InvalidArgumentError(
+        "dtrain: DistributedOptimizerOptions::op = Adasum with Shard::optimizer_state: a sharded "
+        "optimizer reduce-scatters its gradients, and Adasum has no reduce-scatter");
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
     throw InvalidArgumentError(
         "dtrain: DistributedOptimizerOptions::gradient_predivide_factor applies to "

@@ -128,8 +128,14 @@ inline auto with_output(const TensorView& t, OutputMaker& make_output) {
   };
 }
 
+// An allreduce or grouped_allreduce of `tensors` with ReduceOp::Adasum, a sequence of other ops
+// (runtime/detail/adasum_impl.hpp, included at the end).
+inline Handle submit_adasum(const NamedOp& op, const std::vector<TensorSource>& tensors,
+                            const AllreduceOptions& options, bool grouped);
+
 DTRAIN_API Handle submit_allreduce(TensorSource tensor, const AllreduceOptions& options) {
   const auto op = name_op(options.name, OpKind::allreduce, "allreduce", options.process_set);
+  if (options.op == ReduceOp::Adasum) return submit_adasum(op, {tensor}, options, false);
   auto [t, q] = read_checked(op, tensor, [&](Request r) {
     return reduction(std::move(r), options);
   });
@@ -207,3 +213,5 @@ DTRAIN_API ResultHandle<int> join_async(const ProcessSet& process_set) {
 }
 
 }  // namespace dtrain
+
+#include "dtrain/runtime/detail/adasum_impl.hpp"

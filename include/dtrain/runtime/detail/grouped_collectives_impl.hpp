@@ -59,6 +59,7 @@ DTRAIN_API Handle submit_grouped_allreduce(std::vector<TensorSource> members,
                                            const AllreduceOptions& options) {
   const auto op =
       name_op(options.name, OpKind::allreduce, "grouped_allreduce", options.process_set);
+  if (options.op == ReduceOp::Adasum) return submit_adasum(op, members, options, true);
   return Handle(submit_group(
       op, static_cast<std::int32_t>(members.size()),
       [&](std::int32_t i) -> const TensorSource& { return members[static_cast<std::size_t>(i)]; },

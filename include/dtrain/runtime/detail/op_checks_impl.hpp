@@ -50,12 +50,35 @@ DTRAIN_API void check_tensor(Request& q, std::int64_t numel, bool has_data) {
         op, q.name, q.device));
 }
 
+// What Adasum is built for (Note [Adasum tree] in runtime/detail/adasum_tree.hpp).
+inline void check_adasum(const Request& q) {
+  if (q.kind != OpKind::allreduce)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: {} '{}': ReduceOp::Adasum is defined for allreduce and grouped_allreduce only: "
+        "its result is one combined vector, not a sum that can be scattered; use ReduceOp::Sum or "
+        "ReduceOp::Average",
+        q.kind, q.name));
+  if (q.dtype != DataType::float32 && q.dtype != DataType::float64)
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: allreduce '{}': ReduceOp::Adasum is built for float32 and float64 tensors only, "
+        "and this one is {}{}",
+        q.name, q.dtype,
+        is_floating_point(q.dtype) ? " (convert 16-bit gradients to float32 first)"
+                                   : " (it scales by dot products, which an integer cannot hold)"));
+  if (q.device.is_cuda())
+    throw InvalidArgumentError(fmt::format(
+        "dtrain: allreduce '{}': ReduceOp::Adasum on a tensor on {}: Adasum runs on host memory "
+        "only (dtrain has no device path for it); copy the tensor to the CPU first",
+        q.name, q.device));
+}
+
 DTRAIN_API void check_reduction(const Request& q, ReduceOp op, double prescale, double postscale) {
   for (const auto& [label, factor] : {std::pair{"prescale", prescale}, std::pair{"postscale", postscale}})
     if (!std::isfinite(factor))
       throw InvalidArgumentError(fmt::format("dtrain: {} '{}': the {} factor is {}; scale factors "
                                              "must be finite numbers",
                                              q.kind, q.name, label, factor));
+  if (op == ReduceOp::Adasum) check_adasum(q);
   if (!is_floating_point(q.dtype) && (op == ReduceOp::Average || prescale != 1.0 || postscale != 1.0))
     throw InvalidArgumentError(fmt::format(
         "dtrain: {} '{}': {} on an integer tensor ({}): Average and scale factors are defined for "
@@ -63,7 +86,7 @@ DTRAIN_API void check_reduction(const Request& q, ReduceOp op, double prescale, 
         q.kind, q.name,
         op == ReduceOp::Average ? "ReduceOp::Average" : "a scale factor other than 1",
         q.dtype));
-  if (static_cast<int>(op) > static_cast<int>(ReduceOp::Product))
+  if (static_cast<int>(op) > static_cast<int>(ReduceOp::Adasum))
     throw InvalidArgumentError(fmt::format("dtrain: {} '{}': invalid ReduceOp value {}",
                                            q.kind, q.name, static_cast<int>(op)));
 }
