@@ -131,7 +131,7 @@ class Harness:
         missing = [p for p in needed if not os.access(p, os.X_OK)]
         if missing:
             raise Failure("missing programs (build them in --build-dir): " + ", ".join(missing))
-        self.has_compression = self.has_torch = False
+        self.has_compression = self.has_torch = self.has_powersgd = self.has_adasum = False
         if "buckets" in experiments and self.args.buckets_ddp:
             self.has_torch = self.python_has_torch()
         if "training" not in experiments:
@@ -141,6 +141,8 @@ class Harness:
         if "--batch-size" not in help_text:
             raise Failure(f"{self.trainer} --help printed no usage:\n{help_text}")
         self.has_compression = "--compression" in help_text
+        self.has_powersgd = "--powersgd-rank" in help_text
+        self.has_adasum = "adasum" in help_text
         if not self.has_compression:
             self.note("examples/resnet has no --compression flag: the 'dtrain fp16' variant "
                       "(DistributedOptimizerOptions::compression = fp16) cannot run from the "
@@ -263,10 +265,12 @@ class Harness:
         if len(rates) < 2:
             raise Failure(f"{what}: expected an epoch line per epoch (at least 2):\n{out}")
         m = re.search(r"^model: \S+, (\d+) parameters", out, re.MULTILINE)
+        sent = re.search(r"^communicated: ([0-9.]+) MB", out, re.MULTILINE)
         ips = median(rates[1:])
         return {"images_per_second": ips, "epochs": rates,
                 "step_seconds": world * self.args.batch_size / ips,
-                "parameters": int(m.group(1)) if m else None}
+                "parameters": int(m.group(1)) if m else None,
+                "payload_mb_per_step": float(sent.group(1)) if sent else None}
 
     def ddp(self, hosts, slots=1, what="DDP"):
         """PyTorch DDP (gloo) across `hosts`: benchmarks/ddp_resnet.py on each host."""
@@ -501,6 +505,13 @@ class Harness:
             variants.append(("dtrain buckets nonblocking", h, ("--bucket-mb", str(a.bucket_mb))))
             if self.has_compression:
                 variants.append(("dtrain fp16", h, ("--compression", "fp16")))
+            if self.has_powersgd:
+                # Compressed from the first step: the timed epochs must not average uncompressed.
+                variants.append(("dtrain powersgd", h,
+                                 ("--compression", "powersgd", "--powersgd-rank",
+                                  str(a.powersgd_rank), "--powersgd-start-step", "0")))
+            if self.has_adasum:
+                variants.append(("dtrain adasum", h, ("--op", "adasum")))
             # Host tensors over Gloo (DTRAIN_CPU_OPERATIONS=gloo), as DDP's are.
             variants.append(("dtrain gloo", h, ()))
             variants.append(("dtrain buckets gloo", h, ("--bucket-mb", str(a.bucket_mb))))
@@ -739,7 +750,8 @@ def summarize_training(runs, hosts):
         at_once = {t: median(ips(f"{t} at once", h)) for t in ("dtrain", "ddp")}
         for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain mpi", "dtrain buckets",
                         "dtrain nonblocking", "dtrain buckets nonblocking", "dtrain gloo",
-                        "dtrain buckets gloo", "dtrain fp16", "ddp"):
+                        "dtrain buckets gloo", "dtrain fp16", "dtrain powersgd", "dtrain adasum",
+                        "ddp"):
             values = ips(variant, h)
             if not values:
                 continue
@@ -748,6 +760,10 @@ def summarize_training(runs, hosts):
             m = median(values)
             row = {"variant": variant, "hosts": h, "images_per_second": m,
                    "best": max(values), "runs": len(values)}
+            payload = [x["payload_mb_per_step"] for x in runs if x["variant"] == variant
+                       and x["hosts"] == h and x.get("payload_mb_per_step") is not None]
+            if payload:
+                row["payload_mb_per_step"] = median(payload)
             if variant.endswith(" at once"):
                 # images/s of one job; how much the neighbours slow each host's compute
                 row["vs_alone"] = m / single if single else None
@@ -766,8 +782,8 @@ def summarize_training(runs, hosts):
 
 def print_training(rows):
     log("\n| trainer | hosts x ranks | images/s (median) | best | scaling efficiency | "
-        "efficiency vs alone at once | step / DDP's step | runs |")
-    log("|---|---|---|---|---|---|---|---|")
+        "efficiency vs alone at once | step / DDP's step | payload MB/step | runs |")
+    log("|---|---|---|---|---|---|---|---|---|")
     names = {"dtrain": "dtrain (CPU defaults across hosts: Gloo, 25 MiB buckets)",
              "dtrain mpi": "dtrain over MPI (DTRAIN_CPU_OPERATIONS=mpi), 25 MiB buckets",
              "dtrain buckets": "dtrain, buckets overlapping backward",
@@ -775,7 +791,9 @@ def print_training(rows):
              "dtrain buckets nonblocking": "dtrain, buckets, nonblocking allreduce",
              "dtrain gloo": "dtrain, one bucket, over Gloo (DTRAIN_CPU_OPERATIONS=gloo)",
              "dtrain buckets gloo": "dtrain, buckets, over Gloo",
-             "dtrain fp16": "dtrain, fp16 compression", "ddp": "PyTorch DDP (gloo)",
+             "dtrain fp16": "dtrain, fp16 compression",
+             "dtrain powersgd": "dtrain, PowerSGD compression (--compression powersgd)",
+             "dtrain adasum": "dtrain, Adasum (--op adasum)", "ddp": "PyTorch DDP (gloo)",
              "dtrain at once": "dtrain trainer alone on each host at once (per job)",
              "ddp at once": "PyTorch alone on each host at once (per job)"}
 
@@ -789,12 +807,12 @@ def print_training(rows):
         if r["variant"].endswith(" at once"):
             eff = f"{cell(r['vs_alone'])} x alone"
             log(f"| {name} | {r['hosts']} x (1 x 1) | {r['images_per_second']:.1f} | "
-                f"{r['best']:.1f} | {eff} | | | {r['runs']} |")
+                f"{r['best']:.1f} | {eff} | | | | {r['runs']} |")
             continue
         vs = cell(r["step_vs_ddp"]) if r["variant"] != "ddp" else ""
         log(f"| {name} | {r['hosts']} x 1 | {r['images_per_second']:.1f} | {r['best']:.1f} | "
             f"{cell(r['scaling_efficiency'])} | {cell(r.get('efficiency_vs_at_once'))} | {vs} | "
-            f"{r['runs']} |")
+            f"{cell(r.get('payload_mb_per_step'))} | {r['runs']} |")
     log("scaling efficiency: images/s on H hosts / (H x images/s of the same trainer alone); "
         "efficiency vs alone at once: the same over H single-rank jobs running at the same time "
         "(the hosts share this machine's caches and memory bandwidth: what communication alone "
@@ -921,6 +939,8 @@ def main():
                    help="intra-op threads per rank (default: the host's cores / its ranks)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per experiment")
     p.add_argument("--bucket-mb", default="25", help="the training experiment's bucket size")
+    p.add_argument("--powersgd-rank", type=int, default=2,
+                   help="the rank of the training experiment's 'dtrain powersgd' variant")
     p.add_argument("--training-variants", default="",
                    help="comma-separated variants of the training experiment on several hosts "
                         "(default: all), e.g. 'dtrain,dtrain gloo,ddp'")

@@ -9,11 +9,12 @@
 
 namespace resnet {
 
-std::string compression_name(dtrain::Compression compression) {
+std::string compression_name(GradientCompression compression) {
   switch (compression) {
-    case dtrain::Compression::fp16: return "fp16";
-    case dtrain::Compression::bf16: return "bf16";
-    case dtrain::Compression::none: break;
+    case GradientCompression::fp16: return "fp16";
+    case GradientCompression::bf16: return "bf16";
+    case GradientCompression::powersgd: return "powersgd";
+    case GradientCompression::none: break;
   }
   return "none";
 }
@@ -97,10 +98,23 @@ void add_distributed_options(CLI::App& app, TrainOptions& o) {
       ->type_name("FLOAT")
       ->check(examples::non_negative());
   examples::add_enum_option(app, "--compression", o.compression,
-                            {{"none", dtrain::Compression::none},
-                             {"fp16", dtrain::Compression::fp16},
-                             {"bf16", dtrain::Compression::bf16}},
-                            "gradients travel as 16-bit floats, widened back after averaging");
+                            {{"none", GradientCompression::none},
+                             {"fp16", GradientCompression::fp16},
+                             {"bf16", GradientCompression::bf16},
+                             {"powersgd", GradientCompression::powersgd}},
+                            "fp16/bf16: gradients travel as 16-bit floats, widened back after "
+                            "averaging; powersgd: as PowerSGD's rank-R factors, with error "
+                            "feedback");
+  app.add_option("--powersgd-rank", o.powersgd_rank,
+                 "PowerSGD: the rank R of each gradient's approximation")
+      ->check(examples::at_least<int>(1));
+  app.add_option("--powersgd-start-step", o.powersgd_start_step,
+                 "PowerSGD: the first N steps average the gradients uncompressed")
+      ->check(examples::at_least<std::int64_t>(0));
+  examples::add_enum_option(app, "--op", o.op,
+                            {{"average", GradientOp::average}, {"adasum", GradientOp::adasum}},
+                            "how gradients combine: their average, or Adasum (scale-invariant "
+                            "sums; keep the one-rank learning rate, without --scale-lr)");
   examples::add_enum_option(app, "--shard", o.shard,
                             {{"none", dtrain::Shard::none},
                              {"optimizer", dtrain::Shard::optimizer_state}},
@@ -146,7 +160,17 @@ void add_options(CLI::App& app, TrainOptions& o) {
   add_optimizer_options(app, o);
   add_distributed_options(app, o);
   add_checkpoint_options(app, o);
-  app.callback([&o] {
+  app.callback([&o, &app] {
+    const bool powersgd = o.compression == GradientCompression::powersgd;
+    for (const char* flag : {"--powersgd-rank", "--powersgd-start-step"})
+      if (app.count(flag) > 0 && !powersgd)
+        throw CLI::ValidationError(flag, "applies to --compression powersgd");
+    if (o.op == GradientOp::adasum && o.compression != GradientCompression::none)
+      throw CLI::ValidationError("--op", "adasum combines the gradients as they are: drop "
+                                         "--compression " + compression_name(o.compression));
+    if (o.shard != dtrain::Shard::none && (powersgd || o.op == GradientOp::adasum))
+      throw CLI::ValidationError("--shard", "optimizer reduce-scatters the gradients: it works "
+                                            "with --compression none/fp16/bf16 and --op average");
     if (o.sync_bn) {
       if (o.norm != Norm::batch)
         throw CLI::ValidationError("--sync-bn", "synchronizes batch norm; --norm group has none");

@@ -17,6 +17,13 @@
 
 namespace resnet {
 
+// How gradients travel (--compression): as they are, as 16-bit floats, or as PowerSGD's low-rank
+// factors (Note [Gradient communication hooks] in dtrain/train/gradient_hook.hpp).
+enum class GradientCompression { none, fp16, bf16, powersgd };
+
+// How the ranks' gradients combine (--op): their average, or Adasum.
+enum class GradientOp { average, adasum };
+
 struct TrainOptions {
   std::string model = "resnet8";
   std::string dataset = "fashion-mnist";  // fashion-mnist | cifar10 | imagefolder | synthetic
@@ -34,7 +41,10 @@ struct TrainOptions {
   std::uint64_t seed = 42;
   std::int64_t threads = 0;              // 0: choose_threads()
   std::optional<double> bucket_mb;       // none: DistributedOptimizer's default by device
-  dtrain::Compression compression = dtrain::Compression::none;  // the gradients' wire format
+  GradientCompression compression = GradientCompression::none;  // the gradients' wire format
+  int powersgd_rank = 2;                 // PowerSGD's rank of the approximation
+  std::int64_t powersgd_start_step = 50; // PowerSGD: steps averaged uncompressed first
+  GradientOp op = GradientOp::average;
   dtrain::Shard shard = dtrain::Shard::none;  // optimizer: each rank keeps 1/ranks of SGD's state
   std::int64_t max_steps_per_epoch = 0;  // 0: the whole training set every epoch
   std::int64_t eval_samples = 0;         // 0: the whole test set
@@ -51,8 +61,8 @@ struct TrainOptions {
   examples::TestingHooks testing;
 };
 
-// "none", "fp16" or "bf16", as --compression spells them.
-std::string compression_name(dtrain::Compression compression);
+// "none", "fp16", "bf16" or "powersgd", as --compression spells them.
+std::string compression_name(GradientCompression compression);
 
 // Declares every flag on `app`, each writing its field of `options`, and the checks that involve
 // more than one flag (run by app.parse(), which throws a CLI::ParseError for a refused command line).

@@ -346,13 +346,23 @@ std::shared_ptr<Classifier> build_model(const TrainOptions& options, const DataS
 }
 
 // dtrain: gradients are averaged over the ranks, in buckets (--bucket-mb to choose their size),
-// and cross the network as 16-bit floats with --compression fp16/bf16. With --shard optimizer
-// each rank keeps the momentum of its shard of the parameters only.
+// and cross the network as 16-bit floats with --compression fp16/bf16, or as PowerSGD's low-rank
+// factors with --compression powersgd; --op adasum combines them with Adasum instead of the
+// average. With --shard optimizer each rank keeps the momentum of its shard of the parameters only.
 dtrain::DistributedOptimizerOptions gradient_sync_options(const TrainOptions& options) {
   dtrain::DistributedOptimizerOptions sync;
   if (options.bucket_mb)
     sync.bucket_bytes = static_cast<std::int64_t>(*options.bucket_mb * (1 << 20));
-  sync.compression = options.compression;
+  switch (options.compression) {
+    case resnet::GradientCompression::fp16: sync.compression = dtrain::Compression::fp16; break;
+    case resnet::GradientCompression::bf16: sync.compression = dtrain::Compression::bf16; break;
+    case resnet::GradientCompression::powersgd:
+      sync.hook = dtrain::powersgd_hook(
+          {.rank = options.powersgd_rank, .start_step = options.powersgd_start_step});
+      break;
+    case resnet::GradientCompression::none: break;
+  }
+  if (options.op == resnet::GradientOp::adasum) sync.op = dtrain::ReduceOp::Adasum;
   sync.shard = options.shard;
   return sync;
 }
@@ -420,9 +430,14 @@ class Training {
         options_.batch_size * dtrain::size(), steps_, options_.lr, schedule_.peak_lr(),
         place_.threads.threads, place_.device.str(), data_.seconds);
     fmt::print("threads: {}\n", place_.threads.description);
-    if (options_.compression != dtrain::Compression::none)
+    if (options_.compression == resnet::GradientCompression::powersgd)
+      fmt::print("gradients travel as PowerSGD rank-{} factors from step {} (--compression)\n",
+                 options_.powersgd_rank, options_.powersgd_start_step);
+    else if (options_.compression != resnet::GradientCompression::none)
       fmt::print("gradients travel as {} (--compression)\n",
                  resnet::compression_name(options_.compression));
+    if (options_.op == resnet::GradientOp::adasum)
+      fmt::print("gradients combine with Adasum (--op)\n");
     if (options_.shard == dtrain::Shard::optimizer_state)
       fmt::print("each rank keeps the optimizer state of 1/{} of the parameters (--shard)\n",
                  dtrain::size());
@@ -446,6 +461,7 @@ class Training {
       if (auto restored = checkpoint_->restore()) {  // collective: rank 0 reads, every rank loads
         restored->load("model", *model_);  // in place: the optimizer keeps its parameters
         optimizer_.load_state(restored->get<dtrain::OptimizerState>("optimizer"));
+        load_powersgd_state(*restored);
         dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
         if (has_buffers_) load_buffers(*model_, restored->get<NamedBuffers>("rank_buffers"));
         if (options_.augment) restored->load("augment_rng", augment_rng_);
@@ -467,6 +483,7 @@ class Training {
         restored->load("model", *model_);
         // momentum intact across the resize, sharded or not
         optimizer_.load_state(restored->get<dtrain::OptimizerState>("optimizer"));
+        load_powersgd_state(*restored);
         dtrain::set_torch_rng_state(restored->get<dtrain::TorchRngState>("torch_rng"));
         const auto position = restored->get<dtrain::SamplerState>("sampler");
         sampler_.load_state(position);  // dtrain: the rest of the epoch, re-sharded over this world
@@ -514,9 +531,12 @@ class Training {
                                    done / static_cast<double>(data_.splits.train.size()));
     };
     const auto after_step = [&](std::int64_t b) { this->after_step(epoch, b, epoch_steps); };
+    const std::uint64_t payload_before = payload_bytes();
     const Totals train = train_one_epoch(*model_, optimizer_, sgd_, data_.splits.train,
                                          sampler_.indices(), options_, learning_rate, epoch_steps,
                                          augment_rng_, place_.device, profiler_, after_step);
+    train_payload_bytes_ += payload_bytes() - payload_before;
+    train_steps_ += step_ - first_step;
     throughput_.add_samples(train.samples);
     ++epochs_run_;
     const auto trained = throughput_.end_epoch();
@@ -559,6 +579,10 @@ class Training {
         epochs_run_, seconds_since(run_start_), dtrain::size(), 100 * last_.test_accuracy,
         100 * best_accuracy_, last_.train_loss,
         train_seconds_ > 0 ? static_cast<double>(train_images_) / train_seconds_ : 0.0);
+    if (train_steps_ > 0 && !options_.quiet)
+      fmt::print("communicated: {:.3f} MB of collective payload per training step on rank 0\n",
+                 static_cast<double>(train_payload_bytes_) / 1e6 /
+                     static_cast<double>(train_steps_));
     if (!options_.quiet)
       fmt::print("weights: step {}, fingerprint {:016x} (parameters, buffers, momentum)\n", step_,
                  fingerprint(*model_, sgd_));
@@ -566,6 +590,13 @@ class Training {
 
  private:
   bool reporting() const { return dtrain::rank() == 0 && !options_.quiet; }
+
+  // dtrain: the payload of this rank's collectives so far (what --compression changes).
+  static std::uint64_t payload_bytes() {
+    const auto s = dtrain::engine_stats();
+    return s.allreduce_bytes + s.allgather_bytes + s.broadcast_bytes + s.alltoall_bytes +
+           s.reducescatter_bytes;
+  }
 
   // Augmentation differs per rank, as it would for different samples in one process.
   std::uint64_t augment_seed(std::int64_t step) const {
@@ -603,21 +634,26 @@ class Training {
     const auto buffers = named_buffers(*model_);
     const dtrain::TrainingProgress progress{.step = step_, .epoch = epoch};
     const auto optimizer_state = optimizer_.gather_state();  // collective: every rank's shard
+    const auto powersgd = powersgd_state();
     if (has_buffers_ && options_.augment)
       checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
-                                   {"sampler", position}, {"torch_rng", torch_rng}},
+                                   {"powersgd", powersgd}, {"sampler", position},
+                                   {"torch_rng", torch_rng}},
                         {{"rank_buffers", buffers}, {"augment_rng", augment_rng_}});
     else if (has_buffers_)
       checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
-                                   {"sampler", position}, {"torch_rng", torch_rng}},
+                                   {"powersgd", powersgd}, {"sampler", position},
+                                   {"torch_rng", torch_rng}},
                         {{"rank_buffers", buffers}});
     else if (options_.augment)
       checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
-                                   {"sampler", position}, {"torch_rng", torch_rng}},
+                                   {"powersgd", powersgd}, {"sampler", position},
+                                   {"torch_rng", torch_rng}},
                         {{"augment_rng", augment_rng_}});
     else
       checkpoint_->save(progress, {{"model", *model_}, {"optimizer", optimizer_state},
-                                   {"sampler", position}, {"torch_rng", torch_rng}});
+                                   {"powersgd", powersgd}, {"sampler", position},
+                                   {"torch_rng", torch_rng}});
   }
 
   // dtrain: each host's writer commits the shared state; batch-norm statistics are made shared
@@ -627,9 +663,10 @@ class Training {
     const dtrain::SamplerState position = sampler_.state(taken);
     const auto torch_rng = dtrain::torch_rng_state();
     const auto optimizer_state = optimizer_.gather_state();
+    const auto powersgd = powersgd_state();
     elastic_->commit({.step = step_, .epoch = epoch},
-                     {{"model", *model_}, {"optimizer", optimizer_state}, {"sampler", position},
-                      {"torch_rng", torch_rng}});
+                     {{"model", *model_}, {"optimizer", optimizer_state}, {"powersgd", powersgd},
+                      {"sampler", position}, {"torch_rng", torch_rng}});
     if (may_leave && elastic_->resize_requested()) {
       if (reporting()) {
         fmt::print("generation {}: committed step {}; leaving for a world of {} ranks\n",
@@ -638,6 +675,22 @@ class Training {
       }
       elastic_->exit_for_resize();
     }
+  }
+
+  // dtrain: PowerSGD's Qs and error feedback go into checkpoints and commits beside the optimizer
+  // (an empty state without --compression powersgd, so every run saves the same items).
+  dtrain::PowerSGDHook* powersgd() const {
+    return dynamic_cast<dtrain::PowerSGDHook*>(optimizer_.options().hook.get());
+  }
+  dtrain::PowerSGDState powersgd_state() {
+    auto* hook = powersgd();
+    return hook ? hook->gather_state() : dtrain::PowerSGDState{};  // collective
+  }
+  void load_powersgd_state(const dtrain::RestoredCheckpoint& restored) {
+    auto* hook = powersgd();
+    if (!hook || !restored.contains("powersgd")) return;
+    const auto state = restored.get<dtrain::PowerSGDState>("powersgd");
+    if (!state.settings.empty()) hook->load_state(state);  // empty: saved without PowerSGD
   }
 
   const TrainOptions& options_;
@@ -664,6 +717,8 @@ class Training {
   double train_seconds_ = 0.0;
   std::int64_t train_images_ = 0;
   std::int64_t epochs_run_ = 0;
+  std::uint64_t train_payload_bytes_ = 0;  // collective payload during the training steps
+  std::int64_t train_steps_ = 0;
   dtrain::ThroughputMeter throughput_;  // dtrain: images/s of all ranks together
   dtrain::Profiler profiler_;  // dtrain: DTRAIN_PROFILE=<folder> records where each step's time goes
 };

@@ -38,7 +38,10 @@ TEST_CASE("no flags: the defaults") {
   CHECK(o.batch_size == 128);
   CHECK(o.threads == 0);
   CHECK_FALSE(o.bucket_mb.has_value());  // DistributedOptimizer's default
-  CHECK(o.compression == dtrain::Compression::none);
+  CHECK(o.compression == resnet::GradientCompression::none);
+  CHECK(o.powersgd_rank == 2);
+  CHECK(o.powersgd_start_step == 50);
+  CHECK(o.op == resnet::GradientOp::average);
   CHECK_FALSE(o.scale_lr);
   CHECK(o.norm == resnet::Norm::batch);
   CHECK_FALSE(o.sync_bn);
@@ -76,7 +79,7 @@ TEST_CASE("every flag, in both spellings") {
   CHECK(o.threads == 2);
   REQUIRE(o.bucket_mb.has_value());
   CHECK(*o.bucket_mb == doctest::Approx(0.5));
-  CHECK(o.compression == dtrain::Compression::bf16);
+  CHECK(o.compression == resnet::GradientCompression::bf16);
   CHECK(o.max_steps_per_epoch == 10);
   CHECK(o.eval_samples == 500);
   CHECK(o.augment);
@@ -100,7 +103,16 @@ TEST_CASE("--sync-bn turns batch norm into SyncBatchNorm; --bucket-mb 0 is a siz
   CHECK(o.norm == resnet::Norm::sync_batch);
   REQUIRE(o.bucket_mb.has_value());
   CHECK(*o.bucket_mb == 0.0);
-  CHECK(parse_options({"--compression", "fp16"}).compression == dtrain::Compression::fp16);
+  CHECK(parse_options({"--compression", "fp16"}).compression == resnet::GradientCompression::fp16);
+}
+
+TEST_CASE("--compression powersgd with its rank and start; --op adasum") {
+  const TrainOptions o = parse_options(
+      {"--compression", "powersgd", "--powersgd-rank", "4", "--powersgd-start-step=0"});
+  CHECK(o.compression == resnet::GradientCompression::powersgd);
+  CHECK(o.powersgd_rank == 4);
+  CHECK(o.powersgd_start_step == 0);
+  CHECK(parse_options({"--op", "adasum"}).op == resnet::GradientOp::adasum);
 }
 
 TEST_CASE("--elastic: commits into each host's --checkpoint-dir") {
@@ -132,7 +144,15 @@ TEST_CASE("bad flags are refused with the flag and what it accepts") {
   CHECK(refused({"--norm", "group", "--sync-bn"}) ==
         "--sync-bn: synchronizes batch norm; --norm group has none");
   CHECK(refused({"--stem", "large"}) == "--stem: large not in {auto,standard,small}");
-  CHECK(refused({"--compression", "int8"}) == "--compression: int8 not in {none,fp16,bf16}");
+  CHECK(refused({"--compression", "int8"}) ==
+        "--compression: int8 not in {none,fp16,bf16,powersgd}");
+  CHECK(refused({"--powersgd-rank", "2"}) == "--powersgd-rank: applies to --compression powersgd");
+  CHECK(refused({"--compression", "powersgd", "--powersgd-rank", "0"}) ==
+        "--powersgd-rank: must be an integer >= 1, got '0'");
+  CHECK(refused({"--op", "sum"}) == "--op: sum not in {average,adasum}");
+  CHECK(refused({"--op", "adasum", "--compression", "fp16"}) ==
+        "--op: adasum combines the gradients as they are: drop --compression fp16");
+  CHECK(refused({"--shard", "optimizer", "--compression", "powersgd"}).rfind("--shard: ", 0) == 0);
   CHECK(refused({"--resume"}) == "--resume requires --checkpoint-dir");
   CHECK(refused({"--checkpoint-every", "10"}) == "--checkpoint-every requires --checkpoint-dir");
   CHECK(refused({"--elastic"}) == "--elastic requires --checkpoint-dir");
@@ -155,7 +175,8 @@ TEST_CASE("the help shows every flag a user sets, and none of the testing flags"
         "--checkpoint-dir", "--quiet",   "--help",       "apt-get install dataset-fashion-mnist",
         "--scale-lr",       "--norm",    "mpiexec -n N", "--stem",
         "--checkpoint-every", "--keep-checkpoints", "--resume", "--save-model",
-        "--bucket-mb",      "--elastic", "--sync-bn",    "--compression"}) {
+        "--bucket-mb",      "--elastic", "--sync-bn",    "--compression",
+        "--powersgd-rank",  "--powersgd-start-step", "--op"}) {
     CAPTURE(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -304,6 +304,24 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
                                          load("two.pt")->named_parameters(),
                                          initial->named_parameters());
   CHECK(resharded.worst < 1e-4);
+
+  // --compression powersgd and --op adasum reach the optimizer: each trains (the weights move)
+  // to weights of its own, not the averaged run's.
+  for (const auto& flags : std::vector<std::vector<std::string>>{
+           {"--compression", "powersgd", "--powersgd-rank", "2", "--powersgd-start-step", "0"},
+           {"--op", "adasum"}}) {
+    CAPTURE(flags[0]);
+    auto variant_args = args("16", "variant.pt");
+    variant_args.insert(variant_args.end(), flags.begin(), flags.end());
+    const auto variant = train(variant_args, 2);
+    INFO(variant.output);
+    REQUIRE(variant.exit_code == 0);
+    const auto apart = parameter_drift(load("variant.pt")->named_parameters(),
+                                       load("two.pt")->named_parameters(),
+                                       initial->named_parameters());
+    CHECK(apart.worst > 1e-3);
+    CHECK(apart.moved > 1e-3);
+  }
 }
 
 TEST_CASE("trainer --sync-bn: 2 ranks with batch b train as 1 rank with batch 2b and batch norm") {
