@@ -1,4 +1,5 @@
 #include "dtrain/tensor/half.hpp"
+#include "dtrain/tensor/half_arrays.hpp"
 
 #include <doctest/doctest.h>
 
@@ -350,4 +351,73 @@ TEST_CASE("bfloat16: overflow, subnormals, signed zero, NaN, equality") {
   CHECK_FALSE(nan == nan);
   CHECK(bfloat16_t(2.0f) == bfloat16_t(2.0));
   CHECK(bfloat16_t(2.0f) != bfloat16_t(-2.0f));
+}
+
+// Note [Vectorized float16]: the array functions (F16C where the CPU has it) give the scalar
+// conversions' bits for every value but NaN payloads, at every length (the vector body and the
+// scalar tail).
+namespace {
+bool same_half(std::uint16_t a, std::uint16_t b) {
+  const bool a_nan = (a & 0x7c00U) == 0x7c00U && (a & 0x3ffU) != 0;
+  const bool b_nan = (b & 0x7c00U) == 0x7c00U && (b & 0x3ffU) != 0;
+  if (a_nan || b_nan) return a_nan && b_nan && (a & 0x200U) && (b & 0x200U);  // quiet NaNs
+  return a == b;
+}
+}  // namespace
+
+TEST_CASE("float16 arrays: every bit pattern widens as the scalar conversion does") {
+#if DTRAIN_F16C_DISPATCH
+  MESSAGE("F16C in use: " << dtrain::detail::cpu_has_f16c());
+#endif
+  std::vector<std::uint16_t> all(65536);
+  for (std::uint32_t h = 0; h < 65536; ++h) all[h] = static_cast<std::uint16_t>(h);
+  std::vector<float> wide(all.size() + 3);
+  dtrain::detail::halves_to_floats(all.data(), wide.data(), 65536);
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const float want = dtrain::detail::half_to_float(static_cast<std::uint16_t>(h));
+    if (std::isnan(want)) {
+      CHECK(std::isnan(wide[h]));
+    } else if (std::bit_cast<std::uint32_t>(wide[h]) != std::bit_cast<std::uint32_t>(want)) {
+      FAIL_CHECK("half " << std::hex << h);
+    }
+  }
+}
+
+TEST_CASE("float16 arrays: a sweep over float32 bit patterns narrows as the scalar one does") {
+  std::vector<float> src;
+  for (std::uint64_t u = 0; u <= 0xffffffffULL; u += 65521)  // a prime stride: every exponent
+    src.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(u)));
+  for (float f : {65504.0f, 65519.99f, 65520.0f, 6.0e-8f, 2.9802322e-8f, -0.0f})
+    src.push_back(f);
+  for (std::int64_t n : {std::int64_t{0}, std::int64_t{7}, std::int64_t{8}, std::int64_t{13},
+                         static_cast<std::int64_t>(src.size())}) {
+    std::vector<std::uint16_t> got(static_cast<std::size_t>(n) + 1, 0xabcdU);
+    dtrain::detail::floats_to_halves(src.data(), got.data(), n);
+    int wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i)
+      wrong += !same_half(got[i], dtrain::detail::float_to_half(src[i]));
+    CHECK(wrong == 0);
+    CHECK(got[n] == 0xabcdU);  // nothing written past the end
+  }
+}
+
+TEST_CASE("float16 arrays: sums and scaled sums round once, as the scalar reduction does") {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<std::uint32_t> bits(0, 0xffff);
+  const std::int64_t n = 100003;
+  std::vector<std::uint16_t> a(n), b(n);
+  for (std::int64_t i = 0; i < n; ++i) {
+    a[i] = static_cast<std::uint16_t>(bits(rng));
+    b[i] = static_cast<std::uint16_t>(bits(rng));
+  }
+  for (float factor : {1.0f, 0.5f, 1.0f / 3.0f}) {
+    std::vector<std::uint16_t> got = b;
+    dtrain::detail::add_halves(a.data(), got.data(), n, factor);
+    int wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float sum = dtrain::detail::half_to_float(a[i]) + dtrain::detail::half_to_float(b[i]);
+      wrong += !same_half(got[i], dtrain::detail::float_to_half(sum * factor));
+    }
+    CHECK(wrong == 0);
+  }
 }

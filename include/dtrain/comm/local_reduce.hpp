@@ -12,6 +12,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/tensor/dtype.hpp"
 #include "dtrain/tensor/half.hpp"
+#include "dtrain/tensor/half_arrays.hpp"
 
 namespace dtrain::detail {
 
@@ -62,8 +63,23 @@ inline V apply_op(ReduceOp op, V a, V b) noexcept {
 }
 
 // inout[i] = op(in[i], inout[i])
+// float16 arrays as their bits, for the vectorized sums of tensor/half_arrays.hpp.
+inline const std::uint16_t* half_bits(const float16_t* p) noexcept {
+  static_assert(sizeof(float16_t) == sizeof(std::uint16_t));
+  return reinterpret_cast<const std::uint16_t*>(p);
+}
+inline std::uint16_t* half_bits(float16_t* p) noexcept {
+  return reinterpret_cast<std::uint16_t*>(p);
+}
+
 template <class T>
 void reduce_into(ReduceOp op, const T* in, T* inout, std::int64_t n) noexcept {
+  if constexpr (std::is_same_v<T, float16_t>) {
+    if (op == ReduceOp::Sum || op == ReduceOp::Average) {  // Note [Vectorized float16]
+      add_halves(half_bits(in), half_bits(inout), n);
+      return;
+    }
+  }
   if constexpr (is_half_v<T>) {
     for (std::int64_t i = 0; i < n; ++i)
       inout[i] = from_f32<T>(apply_op(op, to_f32(in[i]), to_f32(inout[i])));
@@ -91,6 +107,12 @@ void reduce_into(ReduceOp op, const T* in, T* inout, std::int64_t n) noexcept {
 // also applies Average or a postscale (Note [Scaled allreduce]). Floating-point types only.
 template <class T>
 void reduce_scale_into(ReduceOp op, const T* in, T* inout, std::int64_t n, double factor) noexcept {
+  if constexpr (std::is_same_v<T, float16_t>) {
+    if (op == ReduceOp::Sum || op == ReduceOp::Average) {  // Note [Vectorized float16]
+      add_halves(half_bits(in), half_bits(inout), n, static_cast<float>(factor));
+      return;
+    }
+  }
   if constexpr (is_half_v<T>) {
     const float f = static_cast<float>(factor);
     for (std::int64_t i = 0; i < n; ++i)
