@@ -124,6 +124,7 @@ class DistributedOptimizer {
     GradientBucket bucket;
     bucket.options = detail::gradient_allreduce_options(options_, group_);
     bucket.step = synchronizations_;
+    bucket.group = group_;  // every rank's one bucket: fused alike every step
     auto&& grads = optimizer_traits<Opt>::gradients(*optimizer_);
     for (auto& g : grads) {
       bucket.names.push_back(fmt::format("{}.{}", group_, bucket.gradients.size()));

@@ -20,7 +20,8 @@
 // Rules a hook follows:
 //  - Each gradient has its own op name (bucket.names), the same on every rank whatever the bucket
 //    it travels in: the engine meets the ranks by name, so buckets may be cut differently on
-//    different ranks. A hook names every op it submits after the gradient it serves.
+//    different ranks. A hook names every op it submits after the gradient it serves (or, where
+//    bucket.group is set, the bucket as a whole after the group).
 //  - start() may run on autograd's threads while another bucket's work is in flight; a hook that
 //    keeps state guards it.
 //  - Buffers belong to the optimizer until wait() returns; destroying pending work that was never
@@ -47,6 +48,10 @@ struct GradientBucket {
   std::vector<std::string> names;  // one op name per gradient, as above
   AllreduceOptions options;        // op, prescale and postscale the optimizer asks for (name unused)
   std::int64_t step = 0;           // synchronizations the optimizer completed before this one
+  // Set when every rank hands this same bucket under this name (the generic optimizer's one
+  // bucket): a hook may then submit it as one grouped op, fused the same way every step, which
+  // keeps the sums' rounding, and so the results, the same from run to run.
+  std::string group = {};
 };
 
 class PendingGradients {

@@ -10,6 +10,7 @@
 #include "dtrain/core/fnv1a.hpp"
 #include "dtrain/runtime/collectives.hpp"
 #include "dtrain/runtime/device_registry.hpp"
+#include "dtrain/runtime/grouped_collectives.hpp"
 #include "dtrain/runtime/session.hpp"
 #include "dtrain/train/gradient_hook.hpp"
 
@@ -56,6 +57,11 @@ class AllreduceHook final : public GradientHook {
  public:
   std::unique_ptr<PendingGradients> start(GradientBucket bucket) override {
     std::vector<Handle> handles;
+    if (!bucket.group.empty()) {
+      handles.push_back(
+          grouped_allreduce_async(bucket.gradients, named(bucket.options, bucket.group)));
+      return std::make_unique<AllreducePending>(std::move(handles));
+    }
     handles.reserve(bucket.gradients.size());
     for (std::size_t i = 0; i < bucket.gradients.size(); ++i)
       handles.push_back(allreduce_async(bucket.gradients[i], named(bucket.options, bucket.names[i])));
@@ -119,18 +125,23 @@ class CompressionHook final : public GradientHook {
   std::unique_ptr<PendingGradients> start(GradientBucket bucket) override {
     std::vector<Handle> handles;
     std::vector<NarrowedGradient> narrowed;
+    std::vector<TensorView> sent;  // with a group: what travels, in the bucket's order
     handles.reserve(bucket.gradients.size());
     for (std::size_t i = 0; i < bucket.gradients.size(); ++i) {
       TensorView& g = bucket.gradients[i];
       const auto options = named(bucket.options, bucket.names[i]);
-      if (!compressible(g, bucket.names[i])) {
-        handles.push_back(allreduce_async(g, options));
-        continue;
+      TensorView wire = g;
+      if (compressible(g, bucket.names[i])) {
+        wire = narrow(g, bucket.names[i]);
+        narrowed.push_back({g, wire});
       }
-      TensorView wire = narrow(g, bucket.names[i]);
-      handles.push_back(allreduce_async(wire, options));
-      narrowed.push_back({g, wire});
+      if (bucket.group.empty())
+        handles.push_back(allreduce_async(wire, options));
+      else
+        sent.push_back(wire);
     }
+    if (!bucket.group.empty())
+      handles.push_back(grouped_allreduce_async(sent, named(bucket.options, bucket.group)));
     return std::make_unique<CompressionPending>(compression_, std::move(handles),
                                                 std::move(narrowed));
   }
