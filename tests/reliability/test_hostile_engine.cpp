@@ -239,27 +239,38 @@ TEST_CASE("one op name in flight from two threads ends the job on every rank") {
     // so no op after it returns a result. The ops that paired before it, while the two threads'
     // ops did not overlap on a rank, cannot be told from one thread reusing its names (hence the
     // rule: names differ between threads), so a wrong result there is possible and not checked.
+    // Whether the two threads' ops overlap on a rank within one round is up to the scheduler (on
+    // an oversubscribed machine one thread may finish a round before the other starts), so rounds
+    // repeat until one does. Every rank leaves the loop in the same round: a round without an
+    // error on one rank completed every op on every rank, and an error on one rank ends the job
+    // on all of them.
     Initialized dt(quick_config());
-    std::atomic<int> ready{0}, results_after_error{0}, failed{0};
-    auto run = [&](float value) {
-      ++ready;
-      while (ready.load() < 2) std::this_thread::yield();
-      bool ended = false;
-      for (int i = 0; i < 200; ++i) {
-        std::vector<float> t(8, value);
-        try {
-          allreduce(t, {.op = ReduceOp::Sum, .name = fmt::format("op.{}", i)});
-          if (ended) ++results_after_error;
-        } catch (const Error&) {
-          ended = true;
-          ++failed;
+    std::atomic<int> results_after_error{0}, failed{0};
+    constexpr int max_rounds = 50;
+    int rounds = 0;
+    for (; rounds < max_rounds && failed.load() == 0; ++rounds) {
+      std::atomic<int> ready{0};
+      auto run = [&](float value) {
+        ++ready;
+        while (ready.load() < 2) std::this_thread::yield();
+        bool ended = false;
+        for (int i = 0; i < 200; ++i) {
+          std::vector<float> t(8, value);
+          try {
+            allreduce(t, {.op = ReduceOp::Sum, .name = fmt::format("op.{}.{}", rounds, i)});
+            if (ended) ++results_after_error;
+          } catch (const Error&) {
+            ended = true;
+            ++failed;
+          }
         }
-      }
-    };
-    std::thread a([&] { run(1.0f); });
-    std::thread b([&] { run(1000.0f); });
-    a.join();
-    b.join();
+      };
+      std::thread a([&] { run(1.0f); });
+      std::thread b([&] { run(1000.0f); });
+      a.join();
+      b.join();
+    }
+    INFO("rounds ", rounds);
     INFO("failed ", failed.load(), ", results after an error ", results_after_error.load());
     CHECK(failed > 0);                     // the job ended on this rank
     CHECK(results_after_error.load() == 0);  // and nothing paired after it
