@@ -64,9 +64,11 @@ void add_training_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--weight-decay", o.weight_decay, "L2 penalty")->check(examples::non_negative());
   examples::add_enum_option(app, "--shard", o.shard,
                             {{"none", dtrain::Shard::none},
-                             {"optimizer", dtrain::Shard::optimizer_state}},
+                             {"optimizer", dtrain::Shard::optimizer_state},
+                             {"gradients", dtrain::Shard::gradients}},
                             "optimizer: each rank keeps the momentum of 1/ranks of the parameters "
-                            "(ZeRO stage 1)");
+                            "(ZeRO stage 1); gradients: and only their averaged gradients, "
+                            "reduce-scattered during backward (ZeRO stage 2)");
   app.add_flag_callback("--no-shuffle", [&o] { o.shuffle = false; },
                         "batches in size order, the same on every run (for comparisons)");
   app.add_option("--seed", o.seed, "seed of the weights, the data order, the shapes")

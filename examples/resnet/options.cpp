@@ -117,9 +117,11 @@ void add_distributed_options(CLI::App& app, TrainOptions& o) {
                             "sums; keep the one-rank learning rate, without --scale-lr)");
   examples::add_enum_option(app, "--shard", o.shard,
                             {{"none", dtrain::Shard::none},
-                             {"optimizer", dtrain::Shard::optimizer_state}},
+                             {"optimizer", dtrain::Shard::optimizer_state},
+                             {"gradients", dtrain::Shard::gradients}},
                             "optimizer: each rank keeps the momentum of 1/ranks of the parameters "
-                            "(ZeRO stage 1)");
+                            "(ZeRO stage 1); gradients: and only their averaged gradients, "
+                            "reduce-scattered during backward (ZeRO stage 2)");
 }
 
 void add_checkpoint_options(CLI::App& app, TrainOptions& o) {

@@ -441,6 +441,10 @@ class Training {
     if (options_.shard == dtrain::Shard::optimizer_state)
       fmt::print("each rank keeps the optimizer state of 1/{} of the parameters (--shard)\n",
                  dtrain::size());
+    if (options_.shard == dtrain::Shard::gradients)
+      fmt::print("each rank keeps the optimizer state and the gradients of 1/{} of the parameters "
+                 "(--shard)\n",
+                 dtrain::size());
     std::int64_t parameters = 0;
     for (const auto& p : model_->parameters()) parameters += p.numel();
     std::int64_t synchronized_norms = 0;

@@ -245,7 +245,7 @@ TEST_CASE("trainer on 2 ranks: learns, and only rank 0 prints") {
 }
 
 TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with batch 2b; fp16 near them, "
-          "--shard optimizer on them") {
+          "--shard optimizer and gradients on them") {
   // Group norm: batch norm would normalize each rank's half batch on its own statistics, which a
   // single process with the whole batch does not. Momentum and weight decay are on.
   TempDir dir;
@@ -304,6 +304,17 @@ TEST_CASE("trainer: 2 ranks with batch b end with the weights of 1 rank with bat
                                          load("two.pt")->named_parameters(),
                                          initial->named_parameters());
   CHECK(resharded.worst < 1e-4);
+
+  // --shard gradients: the same, with the gradients reduce-scattered during backward in units.
+  auto stage2_args = args("16", "stage2.pt");
+  stage2_args.insert(stage2_args.end(), {"--shard", "gradients"});
+  const auto stage2 = train(stage2_args, 2);
+  INFO(stage2.output);
+  REQUIRE(stage2.exit_code == 0);
+  const auto stage2_drift = parameter_drift(load("stage2.pt")->named_parameters(),
+                                            load("two.pt")->named_parameters(),
+                                            initial->named_parameters());
+  CHECK(stage2_drift.worst < 1e-4);
 
   // --compression powersgd and --op adasum reach the optimizer: each trains (the weights move)
   // to weights of its own, not the averaged run's.

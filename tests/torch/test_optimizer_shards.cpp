@@ -1,12 +1,16 @@
-// DistributedOptimizer with Shard::optimizer_state (Note [Sharded optimizer state]): the same
-// parameters as the unsharded DistributedOptimizer after every step, with 1/size of the optimizer
-// state on each rank; and the inputs it refuses.
+// DistributedOptimizer with Shard::optimizer_state and Shard::gradients (Note [Sharded optimizer
+// state]): the same parameters as the unsharded DistributedOptimizer after every step, with 1/size
+// of the optimizer state on each rank, reduce-scatters that start during backward, no gradient
+// left in the model with Shard::gradients; and the inputs it refuses.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/torch.hpp"
@@ -104,10 +108,30 @@ std::int64_t state_elements(torch::optim::Optimizer& optimizer) {
 
 enum class Clip { no, yes };
 
+// The shard tensors the optimizer steps: one per unit.
+std::size_t shard_tensors(torch::optim::Optimizer& optimizer) {
+  std::size_t n = 0;
+  for (auto& group : optimizer.param_groups()) n += group.params().size();
+  return n;
+}
+
+// `except`: a name prefix not looked at.
+bool model_holds_gradients(ShardNet& model, const std::string& except = "-") {
+  for (auto& p : model->named_parameters())
+    if (p.key().rfind(except, 0) != 0 && p.value().grad().defined()) return true;
+  return false;
+}
+
+struct ShardSetting {
+  Shard shard = Shard::optimizer_state;
+  std::optional<std::int64_t> unit_bytes = std::nullopt;  // DistributedOptimizerOptions::bucket_bytes
+};
+
 // `steps` updates of the unsharded and the sharded optimizer over two copies of one model.
 template <class Opt, class Options>
 void check_sharded_equals_unsharded(Options first, Options second, int passes, Clip clip,
-                                    dtrain::Compression compression = dtrain::Compression::none) {
+                                    dtrain::Compression compression = dtrain::Compression::none,
+                                    ShardSetting setting = {}) {
   dtrain::init();
   ShardNet plain_model = make_model(), sharded_model = make_model();
   auto plain_opt = make_optimizer<Opt>(plain_model, first, second);
@@ -116,8 +140,10 @@ void check_sharded_equals_unsharded(Options first, Options second, int passes, C
   options.backward_passes_per_step = passes;
   options.compression = compression;
   DistributedOptimizer plain(plain_opt, plain_model->named_parameters(), options);
-  options.shard = Shard::optimizer_state;
+  options.shard = setting.shard;
+  options.bucket_bytes = setting.unit_bytes;
   DistributedOptimizer sharded(sharded_opt, sharded_model->named_parameters(), options);
+  const bool stage2 = setting.shard == Shard::gradients;
 
   ShardNet start = make_model();
   const int steps = 5;
@@ -127,6 +153,11 @@ void check_sharded_equals_unsharded(Options first, Options second, int passes, C
     for (int j = 0; j < passes; ++j) {
       loss_of(plain_model, t * passes + j).backward();
       loss_of(sharded_model, t * passes + j).backward();
+      // The last pass's hooks took every gradient out of the model; earlier passes accumulate.
+      // The head that only some passes use does not count its passes to the last one when
+      // passes > 1: step() takes its gradient.
+      if (stage2)
+        CHECK(model_holds_gradients(sharded_model, passes > 1 ? "aux." : "-") == (j + 1 < passes));
       if (j + 1 < passes || clip == Clip::no) {
         CHECK(plain.step() == (j + 1 == passes));
         CHECK(sharded.step() == (j + 1 == passes));
@@ -144,6 +175,7 @@ void check_sharded_equals_unsharded(Options first, Options second, int passes, C
       CHECK(plain.step());
       CHECK(sharded.step());
     }
+    if (stage2) CHECK_FALSE(model_holds_gradients(sharded_model));
   }
   // 16-bit wire values are summed in 16 bits, in another order: rounding of that size.
   const double tolerance = compression == dtrain::Compression::none ? kTolerance : 1e-3;
@@ -152,14 +184,16 @@ void check_sharded_equals_unsharded(Options first, Options second, int passes, C
   CHECK(max_relative_difference(plain_model, start) > 1e-3);  // the weights moved
   CHECK(identical_on_all_ranks(*sharded_model));
 
-  // 1/size of the state, plus at most one padding element per flat buffer and state tensor
-  // (three buffers: fc1's floats; the second group's floats and its float64 parameter).
+  // 1/size of the state, plus at most one padding element per unit and state tensor (by
+  // default three units: fc1's floats; the second group's floats and its float64 parameter).
   const double whole = static_cast<double>(state_elements(plain_opt));
   const double mine = static_cast<double>(state_elements(sharded_opt));
   const int tensors_per_parameter = std::is_same_v<Opt, torch::optim::Adam> ? 2 : 1;
+  const auto units = static_cast<double>(shard_tensors(sharded_opt));
+  CHECK(units == (setting.unit_bytes == 0 ? 7 : 3));
   CHECK(whole > 0);
   CHECK(mine >= whole / world_size());
-  CHECK(mine < whole / world_size() + 3 * tensors_per_parameter);
+  CHECK(mine < whole / world_size() + units * tensors_per_parameter);
 }
 
 }  // namespace
@@ -180,6 +214,34 @@ TEST_CASE("Shard::optimizer_state: SGD with momentum and weight decay equals the
     check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 1, Clip::no,
                                                       dtrain::Compression::fp16);
   }
+  SUBCASE("a unit per parameter") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 2, Clip::no,
+                                                      dtrain::Compression::none,
+                                                      {Shard::optimizer_state, 0});
+  }
+}
+
+TEST_CASE("Shard::gradients: SGD with momentum and weight decay equals the unsharded run") {
+  auto first = torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-2);
+  auto second = torch::optim::SGDOptions(0.02).momentum(0.5).nesterov(true).dampening(0);
+  const auto none = dtrain::Compression::none;
+  SUBCASE("one unit per family") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 1, Clip::no, none,
+                                                      {Shard::gradients});
+  }
+  SUBCASE("a unit per parameter, backward_passes_per_step = 2") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 2, Clip::no, none,
+                                                      {Shard::gradients, 0});
+  }
+  SUBCASE("a unit per parameter, clip_grad_norm") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 1, Clip::yes, none,
+                                                      {Shard::gradients, 0});
+  }
+  SUBCASE("a unit per parameter, fp16 compression") {
+    check_sharded_equals_unsharded<torch::optim::SGD>(first, second, 1, Clip::no,
+                                                      dtrain::Compression::fp16,
+                                                      {Shard::gradients, 0});
+  }
 }
 
 TEST_CASE("Shard::optimizer_state: Adam equals the unsharded run") {
@@ -190,6 +252,35 @@ TEST_CASE("Shard::optimizer_state: Adam equals the unsharded run") {
   }
   SUBCASE("backward_passes_per_step = 3 and clip_grad_norm") {
     check_sharded_equals_unsharded<torch::optim::Adam>(first, second, 3, Clip::yes);
+  }
+  SUBCASE("Shard::gradients, a unit per parameter, backward_passes_per_step = 3 and clip") {
+    check_sharded_equals_unsharded<torch::optim::Adam>(first, second, 3, Clip::yes,
+                                                       dtrain::Compression::none,
+                                                       {Shard::gradients, 0});
+  }
+}
+
+TEST_CASE("a sharded optimizer's reduce-scatters start during backward, before step()") {
+  dtrain::init();
+  for (auto shard : {Shard::optimizer_state, Shard::gradients}) {
+    CAPTURE(static_cast<int>(shard));
+    ShardNet model = make_model();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    DistributedOptimizer sharded(sgd, model->named_parameters(),
+                                 {.bucket_bytes = 0, .shard = shard});
+    sharded.zero_grad();
+    const auto before = dtrain::engine_stats().reducescatter_bytes;
+    loss_of(model, 1).backward();
+    // Every rank's hooks posted every unit: they complete without step(). Waiting up to a minute
+    // only bounds a failure; a pass takes milliseconds.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (dtrain::engine_stats().reducescatter_bytes == before &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(dtrain::engine_stats().reducescatter_bytes > before);
+    CHECK(model_holds_gradients(model) == (shard == Shard::optimizer_state));
+    CHECK(sharded.step());
+    CHECK(identical_on_all_ranks(*model));
   }
 }
 
@@ -221,9 +312,20 @@ TEST_CASE("a sharded optimizer refuses what would make its state wrong, on every
     if (world_size() > 1)
       CHECK_THROWS_WITH_AS(
           DistributedOptimizer(sgd, model->named_parameters(), options),
-          doctest::Contains(fmt::format("needs the same parameters on every rank, but rank {} has",
+          doctest::Contains(fmt::format("needs the same parameters and sharding options on every "
+                                        "rank, but rank {} has",
                                         world_size() - 1).c_str()),
           dtrain::InvalidArgumentError);
+  }
+  SUBCASE("unit sizes that differ across ranks") {
+    ShardNet model = make_model();
+    torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.1));
+    options.bucket_bytes = world_rank() == 0 ? 0 : 64;
+    if (world_size() > 1)
+      CHECK_THROWS_WITH_AS(DistributedOptimizer(sgd, model->named_parameters(), options),
+                           doctest::Contains("units of 64 bytes\" where rank 0 has \""
+                                             "Shard::optimizer_state, units of 0 bytes"),
+                           dtrain::InvalidArgumentError);
   }
   SUBCASE("saving or broadcasting the sharded state") {
     ShardNet model = make_model();
@@ -257,12 +359,13 @@ namespace {
 
 // A model and its sharded (or unsharded) Adam, resumable from a checkpoint.
 struct Trainer {
-  explicit Trainer(Shard shard)
+  explicit Trainer(Shard shard, std::optional<std::int64_t> unit_bytes = std::nullopt)
       : model(make_model()),
         adam(make_optimizer<torch::optim::Adam>(
             model, torch::optim::AdamOptions(1e-2),
             torch::optim::AdamOptions(3e-3).weight_decay(1e-2))),
-        dist(adam, model->named_parameters(), DistributedOptimizerOptions{.shard = shard}) {}
+        dist(adam, model->named_parameters(),
+             DistributedOptimizerOptions{.bucket_bytes = unit_bytes, .shard = shard}) {}
 
   void train(std::int64_t from, std::int64_t to) {
     for (std::int64_t t = from; t < to; ++t) {
@@ -310,6 +413,17 @@ TEST_CASE("a sharded optimizer's gathered state resumes it bitwise, through a ch
   CHECK(bitwise_equal(resumed.model, uninterrupted.model));
   CHECK_FALSE(bitwise_equal(without_state.model, uninterrupted.model));  // the state mattered
 
+  SUBCASE("into Shard::gradients with a unit per parameter") {
+    // The state describes each family whole, whatever the units that gathered it; other units
+    // reduce in other pieces, so the runs agree to rounding, not bitwise.
+    Trainer other_units(Shard::gradients, 0);
+    saved->load("model", *other_units.model);
+    other_units.dist.load_state(saved->get<dtrain::OptimizerState>("optimizer"));
+    other_units.train(3, 6);
+    const double err = max_relative_difference(other_units.model, uninterrupted.model);
+    CHECK_MESSAGE(err <= kTolerance, fmt::format("relative difference {:.3e}", err));
+  }
+
   SUBCASE("the state of one mode is refused by the other, and by other parameters") {
     Trainer unsharded(Shard::none);
     auto state = saved->get<dtrain::OptimizerState>("optimizer");
@@ -339,15 +453,18 @@ TEST_CASE("sharded state saved on one world size resumes on another" * doctest::
   const bool save = std::string(mode) == "save";
   if (save && world_rank() == 0) std::filesystem::remove_all(dir);  // a previous run's
   dtrain::barrier();
-  Trainer sharded(Shard::optimizer_state), plain(Shard::none);
+  Trainer sharded(Shard::optimizer_state), plain(Shard::none), stage2(Shard::gradients, 0);
   dtrain::Checkpoint checkpoint({.directory = dir, .keep_last = 1});
   if (save) {
     sharded.train(0, 4);
     plain.train(0, 4);
+    stage2.train(0, 4);
     checkpoint.save({.step = 4}, {{"sharded.model", *sharded.model},
                                   {"sharded.optimizer", sharded.dist.gather_state()},
                                   {"plain.model", *plain.model},
-                                  {"plain.optimizer", plain.dist.gather_state()}});
+                                  {"plain.optimizer", plain.dist.gather_state()},
+                                  {"stage2.model", *stage2.model},
+                                  {"stage2.optimizer", stage2.dist.gather_state()}});
     checkpoint.wait();
     return;
   }
@@ -359,10 +476,15 @@ TEST_CASE("sharded state saved on one world size resumes on another" * doctest::
   sharded.dist.load_state(saved->get<dtrain::OptimizerState>("sharded.optimizer"));
   saved->load("plain.model", *plain.model);
   plain.dist.load_state(saved->get<dtrain::OptimizerState>("plain.optimizer"));
+  saved->load("stage2.model", *stage2.model);
+  stage2.dist.load_state(saved->get<dtrain::OptimizerState>("stage2.optimizer"));
   saved->load("sharded.model", *without_state.model);
-  for (auto* t : {&sharded, &plain, &without_state}) t->train(4, 8);
+  for (auto* t : {&sharded, &plain, &stage2, &without_state}) t->train(4, 8);
   const double err = max_relative_difference(sharded.model, plain.model);
   CHECK_MESSAGE(err <= kTolerance, fmt::format("relative difference {:.3e}", err));
+  const double stage2_err = max_relative_difference(stage2.model, plain.model);
+  CHECK_MESSAGE(stage2_err <= kTolerance, fmt::format("Shard::gradients: {:.3e}", stage2_err));
   CHECK(max_relative_difference(without_state.model, plain.model) > 1e-4);  // the state mattered
   CHECK(identical_on_all_ranks(*sharded.model));
+  CHECK(identical_on_all_ranks(*stage2.model));
 }

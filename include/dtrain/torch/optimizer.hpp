@@ -168,8 +168,9 @@ class DistributedOptimizer<Opt> {
   }
 
   // Completes the allreduce of every gradient now (submitting those whose hook did not fire).
-  // Sharded: reduce-scatters them, so that this rank's shard holds its part of the average and
-  // the model's gradients are zero (Note [Sharded optimizer state]).
+  // Sharded: completes their reduce-scatter, so that this rank's shard holds its part of the
+  // average and the model's gradients are zero (Shard::optimizer_state) or released
+  // (Shard::gradients; Note [Sharded optimizer state]).
   void synchronize() {
     if (shards_) {
       shards_->synchronize();
@@ -233,7 +234,7 @@ class DistributedOptimizer<Opt> {
     if (state.sharded)
       throw InvalidArgumentError(
           "dtrain: DistributedOptimizer::load_state: the state was gathered from a "
-          "DistributedOptimizer with Shard::optimizer_state; this one is unsharded");
+          "sharded DistributedOptimizer; this one is unsharded");
     detail::load_optimizer_state(*optimizer_, state.whole);
   }
 
@@ -283,16 +284,28 @@ class DistributedOptimizer<Opt> {
     }
   }
 
-  // Collective in both modes: the sharded layout checks the parameters, the unsharded the hook.
+  // Collective in every mode: the sharded layout checks the parameters, the unsharded the hook.
+  // Sharded, the hooks post each unit's reduce-scatter (Note [Sharded optimizer state]).
   void adopt(std::vector<std::pair<torch::Tensor*, std::string>>& resolved) {
-    if (options_.shard == Shard::optimizer_state) {
+    // The tensors themselves (they share the parameters' storage and autograd metadata): laying
+    // out the shards replaces the optimizer's parameter lists the pointers point into.
+    std::vector<std::pair<torch::Tensor, std::string>> params;
+    for (auto& [p, name] : resolved) params.emplace_back(*p, name);
+    if (options_.shard != Shard::none) {
       std::vector<std::string> names;
-      for (auto& [p, name] : resolved) names.push_back(name);
-      shards_ = std::make_unique<detail::OptimizerShards>(*optimizer_, names, options_, prefix_);
-      return;
+      bool on_device = false;
+      for (auto& [p, name] : resolved) {
+        names.push_back(name);
+        on_device = on_device || !p->is_cpu();
+      }
+      const std::int64_t unit_bytes = options_.bucket_bytes.value_or(
+          options_.shard == Shard::gradients || on_device ? kBucketBytes : host_bucket_bytes_);
+      shards_ = std::make_unique<detail::OptimizerShards>(*optimizer_, names, options_, prefix_,
+                                                          unit_bytes);
+    } else {
+      detail::check_same_hook_everywhere(*hook_, prefix_);
     }
-    detail::check_same_hook_everywhere(*hook_, prefix_);
-    for (auto& [p, name] : resolved) add_parameter(*p, std::move(name));
+    for (auto& [p, name] : params) add_parameter(p, std::move(name));
   }
 
   void add_parameter(torch::Tensor& p, std::string name) {
@@ -307,6 +320,10 @@ class DistributedOptimizer<Opt> {
   }
 
   void on_gradient(Slot& s) {
+    if (shards_) {
+      shards_->on_gradient(s.param);
+      return;
+    }
     std::int64_t bytes = 0, capacity = 0;
     {
       std::lock_guard lock(s.mutex);
@@ -408,7 +425,7 @@ class DistributedOptimizer<Opt> {
   std::vector<Slot*> bucket_;  // held gradients, in the order their hooks fired
   std::int64_t bucket_fill_ = 0;
   std::int64_t host_bucket_bytes_ = host_default_bucket_bytes();  // CPU gradients' default
-  std::unique_ptr<detail::OptimizerShards> shards_;  // Shard::optimizer_state
+  std::unique_ptr<detail::OptimizerShards> shards_;  // Shard::optimizer_state or gradients
   std::shared_ptr<GradientHook> hook_ = detail::gradient_hook(options_);
   std::atomic<std::int64_t> synchronizations_{0};
   std::mutex pending_mutex_;

@@ -1,21 +1,37 @@
 #pragma once
-// The sharded mode of DistributedOptimizer for libtorch (DistributedOptimizerOptions::shard =
-// Shard::optimizer_state): each rank keeps the optimizer state of 1/size of the parameters.
+// The sharded modes of DistributedOptimizer for libtorch (DistributedOptimizerOptions::shard):
+// Shard::optimizer_state, where each rank keeps the optimizer state of 1/size of the parameters,
+// and Shard::gradients, where it keeps only its shard's gradients too.
 //
 // Note [Sharded optimizer state]
-// ZeRO's first stage (Rajbhandari et al., SC'20). The parameters of each (parameter group, dtype,
-// device) are laid out in one flat buffer, padded to a multiple of the world size and cut into
-// size equal shards; a parameter may straddle two shards. The model's parameters become views into
-// the flat buffer and their gradients views into a second one, so backward accumulates in place
-// (Note [Gradient views]) and nothing is packed. The user's optimizer keeps its parameter groups
-// and their options, but each group's parameter list is replaced by this rank's shards, so the
-// state the optimizer creates lazily (momentum, Adam's moments) exists for the shard alone: 1/size
-// of it, plus at most size-1 padding elements per flat buffer. A step is
-//   1. a reduce-scatter of each flat gradient buffer: this rank receives its shard's average (the
-//      same prescale, postscale and 16-bit wire format as the allreduce path), which becomes the
-//      gradient of the shard tensor; the model's gradients are then zeroed, as consumed;
+// ZeRO's first two stages (Rajbhandari et al., SC'20). The parameters of each (parameter group,
+// dtype, device), a family, are laid out in units: runs of consecutive parameters of at most the
+// unit size (bucket_bytes; unset, the unsharded optimizer's bucket default with
+// Shard::optimizer_state and 25 MiB with Shard::gradients). Each unit is one flat buffer, padded
+// to a multiple of the world size and cut into size equal shards; a parameter may straddle two
+// shards. The model's parameters become views into the flat buffers. The user's optimizer keeps
+// its parameter groups and their options, but each group's parameter list is replaced by this
+// rank's shards of its units, so the state the optimizer creates lazily (momentum, Adam's
+// moments) exists for the shards alone: 1/size of it, plus at most size-1 padding elements per
+// unit. A step is
+//   1. a reduce-scatter of each unit's gradients, posted from the post-accumulate-grad hook of
+//      the unit's last parameter that backward finishes (Note [Gradient hooks] in
+//      torch/optimizer.hpp), so it overlaps the rest of backward; step() (or synchronize())
+//      posts the units whose hooks did not all fire, waits for every unit, and the average
+//      received (the same prescale, postscale and 16-bit wire format as the allreduce path)
+//      becomes the gradient of the shard tensor;
 //   2. the optimizer's own step() over the shards;
 //   3. an allgather of every shard into the flat parameter buffers, which the model reads.
+// Shard::optimizer_state keeps the model's gradients as views into persistent flat buffers
+// (Note [Gradient views]): backward accumulates in place, nothing is packed, and after the
+// reduce-scatter they are zeroed, as consumed. Shard::gradients instead lets backward allocate
+// each gradient, copies it into its unit's buffer in the hook and releases it there; a unit's
+// buffer is made by its first gradient and released as soon as its reduce-scatter has read it
+// (the hooks check the units in flight), so gradients occupy about the units in flight rather
+// than the whole model, and after the step the model holds no gradient at all: the
+// gradient of the whole model exists on no rank, as in ZeRO's stage 2. Under
+// backward_passes_per_step > 1 the passes before the last accumulate in the model's gradients as
+// unsharded; only the last pass's hooks take them.
 // Every optimizer whose update is elementwise in the parameters (SGD with momentum and weight
 // decay, Adam, AdamW, Adagrad, RMSprop) computes exactly what it computes unsharded, up to the
 // summation order of the reduction. LBFGS is refused: its step re-evaluates the loss and keeps
@@ -25,21 +41,23 @@
 // Refused rather than got wrong: saving the sharded optimizer itself as a checkpoint item and
 // broadcast_optimizer_state (each rank holds different state; DistributedOptimizer::gather_state
 // is the way to save it, Note [Sharded state in checkpoints]), and gradients of a sparse layout.
-// Not built yet: the reduce-scatter runs when step() (or synchronize()) is called, after backward,
-// not overlapped with it; the gradients are not sharded during backward (ZeRO's second stage).
+// Not built: starting the allgather of step 3 early and waiting for it only at the parameters'
+// first use in the next forward; sharding over a process set other than the world.
 //
 // Note [Sharded state in checkpoints]
 // Checkpoint saves shared items from rank 0 alone (Note [Checkpoint flow]), and a sharded
 // optimizer's state is spread over every rank, so it is gathered first, by a collective every
-// rank calls: gather_state() allgathers each shard-shaped field of each shard's state (momentum,
-// Adam's moments), one at a time, and cuts the padding off. The result describes the flat
-// buffers whole and is the same on every rank, which an elastic commit, written by one rank of
-// each host, needs too. Fields that are not shard-shaped (step counts) are equal on every rank
-// and kept as they are. load_state() takes its own slice of each field for the world size it
-// runs on: the flat layout depends on the parameters alone, never on the world size, so state
-// gathered on 3 ranks loads on 2 or 4. The cost is the whole state in memory on every rank while
-// it is gathered and saved. Per-rank files with a reshard on load would avoid that, but need
-// every rank to write and read its own file, which Checkpoint and elastic commits do not do.
+// rank calls: gather_state() allgathers each shard-shaped field of each unit's state (momentum,
+// Adam's moments), one at a time, cuts the padding off and joins the units of each family. The
+// result describes each family's parameters whole, in order, and is the same on every rank,
+// which an elastic commit, written by one rank of each host, needs too. Fields that are not
+// shard-shaped (step counts) are equal on every rank and unit and kept as they are. load_state()
+// takes its own slice of each field for the world size and the units it runs with: a family
+// depends on the parameters alone, never on the world size or the unit size, so state gathered
+// on 3 ranks loads on 2 or 4, and with either sharded mode. The cost is the whole state in memory
+// on every rank while it is gathered and saved. Per-rank files with a reshard on load would avoid
+// that, but need every rank to write and read its own file, which Checkpoint and elastic commits
+// do not do.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -70,22 +88,36 @@ namespace dtrain::detail {
 class OptimizerShards {
  public:
   // `names`: the optimizer's parameters in parameter-group order, as DistributedOptimizer named
-  // them. Collective: every rank must construct it, with the same parameters.
+  // them; `unit_bytes`: the unit size (Note [Sharded optimizer state]). Collective: every rank
+  // must construct it, with the same parameters and options.
   OptimizerShards(torch::optim::Optimizer& optimizer, const std::vector<std::string>& names,
-                  const DistributedOptimizerOptions& options, std::string prefix)
-      : optimizer_(&optimizer), options_(options), prefix_(std::move(prefix)) {
+                  const DistributedOptimizerOptions& options, std::string prefix,
+                  std::int64_t unit_bytes)
+      : optimizer_(&optimizer),
+        options_(options),
+        prefix_(std::move(prefix)),
+        keep_views_(options.shard == Shard::optimizer_state) {
+    const char* mode = keep_views_ ? "Shard::optimizer_state" : "Shard::gradients";
     if (dynamic_cast<torch::optim::LBFGS*>(&optimizer))
-      throw InvalidArgumentError(
-          "dtrain: DistributedOptimizer: Shard::optimizer_state cannot shard LBFGS: its step "
-          "re-evaluates the loss and keeps its history as vectors of the whole model");
+      throw InvalidArgumentError(fmt::format(
+          "dtrain: DistributedOptimizer: {} cannot shard LBFGS: its step re-evaluates the loss "
+          "and keeps its history as vectors of the whole model",
+          mode));
     if (!optimizer.state().empty())
       throw InvalidArgumentError(fmt::format(
-          "dtrain: DistributedOptimizer: Shard::optimizer_state needs an optimizer without state, "
-          "but this one holds state for {} parameter(s): wrap it before its first step and "
-          "before loading a checkpoint into it",
-          optimizer.state().size()));
-    check_same_parameters_everywhere(names);
-    flats_ = lay_out_shards(*optimizer_, names, size(), rank());
+          "dtrain: DistributedOptimizer: {} needs an optimizer without state, but this one holds "
+          "state for {} parameter(s): wrap it before its first step and before loading a "
+          "checkpoint into it",
+          mode, optimizer.state().size()));
+    check_same_parameters_everywhere(names, fmt::format("{}, units of {} bytes", mode, unit_bytes));
+    flats_ = lay_out_shards(*optimizer_, names, size(), rank(), unit_bytes, keep_views_);
+    units_.resize(flats_.size());
+    for (std::size_t u = 0; u < flats_.size(); ++u) {
+      units_[u].passes.assign(flats_[u].members.size(), 0);
+      units_[u].taken.assign(flats_[u].members.size(), false);
+      for (std::size_t j = 0; j < flats_[u].members.size(); ++j)
+        where_[flats_[u].members[j].unsafeGetTensorImpl()] = {u, j};
+    }
     std::lock_guard lock(sharded_optimizers_mutex());
     sharded_optimizers().insert(optimizer_);
   }
@@ -94,61 +126,117 @@ class OptimizerShards {
   OptimizerShards& operator=(const OptimizerShards&) = delete;
 
   ~OptimizerShards() {
+    try {
+      wait_units();
+    } catch (...) {
+      // Destructors never throw; the op's error reached (or will reach) its own waiters.
+    }
     std::lock_guard lock(sharded_optimizers_mutex());
     sharded_optimizers().erase(optimizer_);
   }
 
-  // Step 1 of Note [Sharded optimizer state]: each shard's gradient becomes this rank's slice of
-  // the average; the model's gradients are zeroed.
-  void synchronize() {
+  // From a parameter's post-accumulate-grad hook (autograd's thread): on the last backward pass
+  // of a step, takes the gradient into its unit and posts the unit's reduce-scatter once all of
+  // its gradients are in. Returns false for a tensor that is not one of the sharded parameters.
+  bool on_gradient(const torch::Tensor& param) {
+    auto at = where_.find(param.unsafeGetTensorImpl());
+    if (at == where_.end()) return false;
+    const auto [u, j] = at->second;
+    std::lock_guard lock(mutex_);
+    auto& unit = units_[u];
+    if (unit.pending.valid() || unit.taken[j]) return true;  // a backward after the unit left
+    if (++unit.passes[j] < options_.backward_passes_per_step) return true;
     torch::NoGradGuard no_grad;
-    std::vector<torch::Tensor> wires;  // alive until the op ends: the members refer to them
-    wires.reserve(flats_.size());
-    std::vector<detail::GroupMember> members;
-    for (auto& f : flats_) {
-      gather_gradients(f);
-      const auto& wire = wires.emplace_back(wire_format(f.grads));
-      auto out = wire.scalar_type() == f.shard_grad.scalar_type() ? f.shard_grad : f.wire_out;
-      if (!out.defined()) out = f.wire_out = torch::empty({f.shard.numel()}, wire.options());
-      members.push_back({TensorSource::input(wire), into(out, "reduce-scatter")});
+    release_finished_units();
+    take(u, j);
+    if (unit.taken_count == flats_[u].members.size()) post(u);
+    return true;
+  }
+
+  // Step 1 of Note [Sharded optimizer state]: each shard's gradient becomes this rank's slice of
+  // the average; the model's gradients are zeroed (optimizer_state) or released (gradients).
+  void synchronize() {
+    {
+      std::lock_guard lock(mutex_);
+      torch::NoGradGuard no_grad;
+      for (std::size_t u = 0; u < flats_.size(); ++u) {
+        if (units_[u].pending.valid()) continue;
+        for (std::size_t j = 0; j < flats_[u].members.size(); ++j)
+          if (!units_[u].taken[j]) take(u, j);
+        post(u);
+      }
     }
-    ReducescatterOptions rs;
-    rs.op = options_.op;
-    rs.prescale = 1.0 / options_.gradient_predivide_factor;
-    rs.postscale = options_.gradient_predivide_factor;
-    rs.name = prefix_ + ".shards";
-    Handle(submit_grouped_reducescatter(std::move(members), rs)).wait();
+    wait_units();
+    torch::NoGradGuard no_grad;
     for (auto& f : flats_) {
       if (f.wire_out.defined()) f.shard_grad.copy_(f.wire_out);
       auto& grad = f.shard.mutable_grad();
       if (!grad.defined() || grad.data_ptr() != f.shard_grad.data_ptr()) grad = f.shard_grad;
-      f.grads.zero_();
     }
+    clear_units();
   }
 
   // Step 3: every rank's updated shard into every rank's flat parameters (the model's), in
   // place. The input is a copy of the shard: MPI forbids a send buffer inside the receive buffer.
+  // One unit at a time: allgathers in flight together fuse, and a fused allgather is staged in a
+  // buffer of the size of all of them, the whole model's parameters once more on every rank.
   void gather_parameters() {
     torch::NoGradGuard no_grad;
-    std::vector<detail::GroupMember> members;
-    for (auto& f : flats_) {
+    for (std::size_t u = 0; u < flats_.size(); ++u) {
+      auto& f = flats_[u];
       f.send.copy_(f.shard);
+      std::vector<detail::GroupMember> members;
       members.push_back({TensorSource::input(f.send), into(f.params, "allgather")});
+      const auto name = flats_.size() == 1 ? prefix_ + ".parameters"
+                                           : fmt::format("{}.parameters.{}", prefix_, u);
+      Handle(submit_grouped_allgather(std::move(members), CollectiveOptions{name})).wait();
     }
-    Handle(submit_grouped_allgather(std::move(members), CollectiveOptions{prefix_ + ".parameters"}))
-        .wait();
   }
 
-  // Zeroes the model's gradients, and makes any that backward allocated afresh (after a
-  // zero_grad() that set them to undefined) views into the flat buffer again.
+  // Finishes the units a backward without a step posted (every rank posts the same ones, so no
+  // rank is left waiting), then zeroes the model's gradients and makes any that backward
+  // allocated afresh views into the flat buffers again (optimizer_state), or releases them
+  // (gradients).
   void zero_grad() {
-    torch::NoGradGuard no_grad;
-    for (auto& f : flats_) {
-      f.grads.zero_();
-      for (std::size_t j = 0; j < f.members.size(); ++j)
-        f.members[j].mutable_grad() = gradient_view(f, j);
+    {
+      std::lock_guard lock(mutex_);
+      torch::NoGradGuard no_grad;
+      for (std::size_t u = 0; u < flats_.size(); ++u)
+        if (!units_[u].pending.valid() && units_[u].taken_count > 0) {
+          for (std::size_t j = 0; j < flats_[u].members.size(); ++j)
+            if (!units_[u].taken[j]) take(u, j);
+          post(u);
+        }
     }
+    wait_units();
+    clear_units();
+    torch::NoGradGuard no_grad;
+    for (auto& f : flats_)
+      for (std::size_t j = 0; j < f.members.size(); ++j)
+        f.members[j].mutable_grad() = keep_views_ ? gradient_view(f, j) : torch::Tensor();
   }
+
+  // Bytes of gradient buffers this rank holds for the units now (Shard::gradients: the units
+  // whose reduce-scatter has not finished reading them; Shard::optimizer_state: all of them).
+  std::int64_t unit_gradient_bytes() const {
+    std::lock_guard lock(mutex_);
+    std::int64_t bytes = 0;
+    for (std::size_t u = 0; u < flats_.size(); ++u)
+      for (const auto* t : {&flats_[u].grads, &units_[u].wire})
+        if (t->defined() && (t != &units_[u].wire || !t->is_same(flats_[u].grads)))
+          bytes += t->numel() * static_cast<std::int64_t>(t->element_size());
+    return bytes;
+  }
+
+  // Units whose reduce-scatter was posted from a hook or since, and not yet waited for.
+  std::size_t units_posted() const {
+    std::lock_guard lock(mutex_);
+    std::size_t n = 0;
+    for (const auto& unit : units_) n += unit.pending.valid() ? 1 : 0;
+    return n;
+  }
+
+  std::size_t unit_count() const noexcept { return flats_.size(); }
 
   // The norm (norm_type 2 or infinity) of the whole averaged gradient, from the shards' norms in
   // one allreduce; scales every shard's gradient so that the norm is at most max_norm, as
@@ -178,31 +266,50 @@ class OptimizerShards {
     return total;
   }
 
-  // Collective. Every rank's state of every shard, spread back over the whole flat buffers
-  // (Note [Sharded state in checkpoints]).
+  // Collective. Every rank's state of every shard, spread back over each family's parameters
+  // whole (Note [Sharded state in checkpoints]).
   OptimizerState gather_state() {
     torch::NoGradGuard no_grad;
     OptimizerState out;
     out.sharded = true;
     out.layout = layout_;
     for (auto& group : optimizer_->param_groups()) out.groups.push_back(options_bytes(group));
-    for (std::size_t i = 0; i < flats_.size(); ++i) {
-      auto& f = flats_[i];
+    for (const auto& units : families()) {
       std::vector<std::string> gathered;
       std::string archive;
-      if (auto* state = state_of(f)) {
+      std::vector<std::vector<std::pair<std::string, c10::IValue>>> entries;
+      for (auto u : units)
+        if (auto* state = state_of(flats_[u])) entries.push_back(archive_entries(*state));
+      if (!entries.empty() && entries.size() != units.size())
+        throw InvalidArgumentError(fmt::format(
+            "dtrain: DistributedOptimizer::gather_state: the optimizer holds state for {} of the "
+            "{} shards of one parameter family: step the optimizer (or load a state) before "
+            "gathering",
+            entries.size(), units.size()));
+      if (!entries.empty()) {
         torch::serialize::OutputArchive whole;
-        auto entries = archive_entries(*state);
-        for (auto& [key, value] : entries) {
-          if (value.isTensor() && value.toTensor().dim() == 1 &&
-              value.toTensor().numel() == f.shard.numel()) {
-            auto all = allgather(value.toTensor().contiguous(),
-                                 CollectiveOptions{fmt::format("{}.state.{}.{}", prefix_, i, key)});
-            whole.write(key, all.narrow(0, 0, flat_numel(f)).clone());
-            gathered.push_back(key);
-          } else {
+        for (std::size_t e = 0; e < entries.front().size(); ++e) {
+          const auto& [key, value] = entries.front()[e];
+          if (!shard_shaped(value, flats_[units.front()])) {
             whole.write(key, value);
+            continue;
           }
+          std::vector<torch::Tensor> pieces;
+          for (std::size_t k = 0; k < units.size(); ++k) {
+            const auto& f = flats_[units[k]];
+            const auto& mine = entries[k].at(e).second;
+            if (entries[k][e].first != key || !shard_shaped(mine, f))
+              throw InvalidArgumentError(fmt::format(
+                  "dtrain: DistributedOptimizer::gather_state: the shards' states differ in "
+                  "field '{}'",
+                  key));
+            auto all = allgather(mine.toTensor().contiguous(),
+                                 CollectiveOptions{fmt::format("{}.state.{}.{}", prefix_,
+                                                               units[k], key)});
+            pieces.push_back(all.narrow(0, 0, flat_numel(f)));
+          }
+          whole.write(key, torch::cat(pieces));
+          gathered.push_back(key);
         }
         std::ostringstream os;
         whole.save_to(os);
@@ -214,19 +321,21 @@ class OptimizerShards {
     return out;
   }
 
-  // Not collective: this rank's shard of a gathered state, on any world size.
+  // Not collective: this rank's shards of a gathered state, on any world size and unit size.
   void load_state(const OptimizerState& state) {
     torch::NoGradGuard no_grad;
     if (!state.sharded)
       throw InvalidArgumentError(
           "dtrain: DistributedOptimizer::load_state: the state was gathered from an unsharded "
-          "DistributedOptimizer; this one has Shard::optimizer_state");
+          "DistributedOptimizer; this one is sharded");
     if (state.layout != layout_)
       throw InvalidArgumentError(fmt::format(
           "dtrain: DistributedOptimizer::load_state: the state belongs to other parameters: it "
           "has {}",
           first_difference(state.layout, layout_)));
-    if (state.flats.size() != flats_.size() || state.gathered.size() != flats_.size() ||
+    const auto family_units = families();
+    if (state.flats.size() != family_units.size() ||
+        state.gathered.size() != family_units.size() ||
         state.groups.size() != optimizer_->param_groups().size())
       throw InvalidArgumentError(
           "dtrain: DistributedOptimizer::load_state: the state's flat buffers do not match this "
@@ -238,41 +347,55 @@ class OptimizerShards {
       optimizer_->param_groups()[g].options().serialize(in);
     }
     bool missing = false;
-    for (std::size_t i = 0; i < flats_.size(); ++i)
-      missing = missing || (!state.flats[i].empty() && state_of(flats_[i]) == nullptr);
+    for (std::size_t i = 0; i < family_units.size(); ++i)
+      for (auto u : family_units[i])
+        missing = missing || (!state.flats[i].empty() && state_of(flats_[u]) == nullptr);
     if (missing) create_state();
     const std::int64_t me = rank();
-    for (std::size_t i = 0; i < flats_.size(); ++i) {
-      auto& f = flats_[i];
+    for (std::size_t i = 0; i < family_units.size(); ++i) {
       if (state.flats[i].empty()) {
-        optimizer_->state().erase(f.shard.unsafeGetTensorImpl());
+        for (auto u : family_units[i]) optimizer_->state().erase(flats_[u].shard.unsafeGetTensorImpl());
         continue;
       }
       torch::serialize::InputArchive whole;
       std::istringstream is(state.flats[i]);
       whole.load_from(is);
-      torch::serialize::OutputArchive mine;
-      const auto& gathered = state.gathered[i];
+      std::vector<std::pair<std::string, c10::IValue>> values;
       for (const auto& key : whole.keys()) {
         c10::IValue value;
         whole.read(key, value);
-        if (std::find(gathered.begin(), gathered.end(), key) == gathered.end()) {
-          mine.write(key, value);
-          continue;
-        }
-        const auto& all = value.toTensor();
-        const std::int64_t per_rank = f.shard.numel();
-        const std::int64_t begin = std::min(me * per_rank, all.numel());
-        const std::int64_t end = std::min((me + 1) * per_rank, all.numel());
-        auto slice = torch::zeros({per_rank}, all.options());
-        slice.narrow(0, 0, end - begin).copy_(all.narrow(0, begin, end - begin));
-        mine.write(key, slice.to(f.shard.device()));
+        values.emplace_back(key, std::move(value));
       }
-      std::stringstream bytes;
-      mine.save_to(bytes);
-      torch::serialize::InputArchive in;
-      in.load_from(bytes);
-      state_of(f)->serialize(in);
+      const auto& gathered = state.gathered[i];
+      for (auto u : family_units[i]) {
+        const auto& f = flats_[u];
+        torch::serialize::OutputArchive mine;
+        for (const auto& [key, value] : values) {
+          if (std::find(gathered.begin(), gathered.end(), key) == gathered.end()) {
+            mine.write(key, value);
+            continue;
+          }
+          const auto& all = value.toTensor();
+          const std::int64_t family_numel =
+              flat_numel(flats_[family_units[i].back()]) + flats_[family_units[i].back()].base;
+          if (all.numel() != family_numel)
+            throw InvalidArgumentError(fmt::format(
+                "dtrain: DistributedOptimizer::load_state: field '{}' has {} elements where the "
+                "parameters have {}",
+                key, all.numel(), family_numel));
+          const std::int64_t per_rank = f.shard.numel();
+          const std::int64_t begin = std::min(me * per_rank, flat_numel(f));
+          const std::int64_t end = std::min((me + 1) * per_rank, flat_numel(f));
+          auto slice = torch::zeros({per_rank}, all.options());
+          slice.narrow(0, 0, end - begin).copy_(all.narrow(0, f.base + begin, end - begin));
+          mine.write(key, slice.to(f.shard.device()));
+        }
+        std::stringstream bytes;
+        mine.save_to(bytes);
+        torch::serialize::InputArchive in;
+        in.load_from(bytes);
+        state_of(f)->serialize(in);
+      }
     }
   }
 
@@ -302,22 +425,122 @@ class OptimizerShards {
     };
   }
 
-  // A rank whose parameters differ would lay out different shards and reduce unrelated values
-  // together: every rank compares every rank's list and names the first difference.
-  void check_same_parameters_everywhere(const std::vector<std::string>& names) {
+  // Per unit, the state of the current step (guarded by mutex_).
+  struct UnitProgress {
+    std::vector<int> passes;   // backward passes seen by each member's hook
+    std::vector<bool> taken;   // the member's gradient is in the unit's buffer
+    std::size_t taken_count = 0;
+    Handle pending;            // the unit's reduce-scatter, once posted
+    torch::Tensor wire;        // what it reads, alive until it is done
+  };
+
+  // The units of each family, in order.
+  std::vector<std::vector<std::size_t>> families() const {
+    std::vector<std::vector<std::size_t>> out;
+    for (std::size_t u = 0; u < flats_.size(); ++u) {
+      if (flats_[u].family >= out.size()) out.resize(flats_[u].family + 1);
+      out[flats_[u].family].push_back(u);
+    }
+    return out;
+  }
+
+  static bool shard_shaped(const c10::IValue& value, const FlatShard& f) {
+    return value.isTensor() && value.toTensor().dim() == 1 &&
+           value.toTensor().numel() == f.shard.numel();
+  }
+
+  // Member j's gradient into unit u's buffer (made on the first; zeros where no gradient comes).
+  void take(std::size_t u, std::size_t j) {
+    auto& f = flats_[u];
+    if (!f.grads.defined())
+      f.grads = torch::zeros({f.shard.numel() * size()}, f.params.options());
+    take_gradient(f, j, keep_views_);
+    units_[u].taken[j] = true;
+    ++units_[u].taken_count;
+  }
+
+  // Posts unit u's reduce-scatter (mutex_ held). Shard::gradients gives the buffer to the op: it
+  // is released once the op has read it (release_finished_units, wait_units).
+  void post(std::size_t u) {
+    auto& f = flats_[u];
+    auto& unit = units_[u];
+    unit.wire = wire_format(f.grads);
+    auto out = unit.wire.scalar_type() == f.shard_grad.scalar_type() ? f.shard_grad : f.wire_out;
+    if (!out.defined()) out = f.wire_out = torch::empty({f.shard.numel()}, unit.wire.options());
+    std::vector<detail::GroupMember> members;
+    members.push_back({TensorSource::input(unit.wire), into(out, "reduce-scatter")});
+    ReducescatterOptions rs;
+    rs.op = options_.op;
+    rs.prescale = 1.0 / options_.gradient_predivide_factor;
+    rs.postscale = options_.gradient_predivide_factor;
+    rs.name = fmt::format("{}.shards.{}", prefix_, u);
+    if (!keep_views_) f.grads = torch::Tensor();
+    unit.pending = Handle(submit_grouped_reducescatter(std::move(members), rs));
+  }
+
+  // Shard::gradients, from the hooks (mutex_ held): the buffers of units whose reduce-scatter has
+  // finished are released while backward still runs.
+  void release_finished_units() {
+    if (keep_views_) return;
+    for (auto& unit : units_)
+      if (unit.wire.defined() && unit.pending.valid() && unit.pending.poll()) unit.wire = torch::Tensor();
+  }
+
+  // Waits for every posted unit; the first error is rethrown after all have ended.
+  void wait_units() {
+    std::vector<Handle> pending;
+    {
+      std::lock_guard lock(mutex_);
+      for (auto& unit : units_)
+        if (unit.pending.valid()) pending.push_back(unit.pending);
+    }
+    std::exception_ptr first;
+    for (auto& h : pending) {
+      try {
+        h.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) {
+      clear_units();
+      std::rethrow_exception(first);
+    }
+  }
+
+  // A new step: no unit posted, no gradient taken; the model's gradients (optimizer_state) zeroed.
+  void clear_units() {
+    std::lock_guard lock(mutex_);
+    torch::NoGradGuard no_grad;
+    for (std::size_t u = 0; u < flats_.size(); ++u) {
+      auto& unit = units_[u];
+      unit = UnitProgress{std::vector<int>(unit.passes.size(), 0),
+                          std::vector<bool>(unit.taken.size(), false), 0, {}, {}};
+      if (keep_views_)
+        flats_[u].grads.zero_();
+      else
+        flats_[u].grads = torch::Tensor();
+    }
+  }
+
+  // A rank whose parameters (or sharding options) differ would lay out different shards and
+  // reduce unrelated values together: every rank compares every rank's list and names the first
+  // difference.
+  void check_same_parameters_everywhere(const std::vector<std::string>& names,
+                                        const std::string& settings) {
     std::size_t k = 0;
     for (std::size_t g = 0; g < optimizer_->param_groups().size(); ++g)
       for (const auto& p : optimizer_->param_groups()[g].params())
         layout_ += fmt::format("group {} '{}': {}\n", g, names.at(k++), describe_parameter(p));
-    auto all = allgather_object(layout_, prefix_ + ".shard_layout");
+    auto all = allgather_object(layout_ + settings, prefix_ + ".shard_layout");
     for (std::size_t r = 1; r < all.size(); ++r) {
       if (all[r] == all[0]) continue;
       std::size_t at = 0;
       while (at < all[0].size() && at < all[r].size() && all[0][at] == all[r][at]) ++at;
       auto line = [at](const std::string& s) { return line_at(s, at); };
       throw InvalidArgumentError(fmt::format(
-          "dtrain: DistributedOptimizer: Shard::optimizer_state needs the same parameters on "
-          "every rank, but rank {} has \"{}\" where rank 0 has \"{}\"",
+          "dtrain: DistributedOptimizer: a sharded optimizer needs the same parameters and "
+          "sharding options on every rank, but rank {} has \"{}\" where rank 0 has \"{}\"",
           r, line(all[r]), line(all[0])));
     }
   }
@@ -355,8 +578,12 @@ class OptimizerShards {
   torch::optim::Optimizer* optimizer_;
   DistributedOptimizerOptions options_;
   std::string prefix_;
+  bool keep_views_;     // Shard::optimizer_state: the model's gradients are views into the units
   std::string layout_;  // one line per parameter: group, name, dtype, shape
-  std::vector<FlatShard> flats_;
+  std::vector<FlatShard> flats_;  // the units
+  std::map<const void*, std::pair<std::size_t, std::size_t>> where_;  // parameter: unit, member
+  mutable std::mutex mutex_;  // the hooks run on autograd's threads
+  std::vector<UnitProgress> units_;
 };
 
 }  // namespace dtrain::detail

@@ -28,7 +28,7 @@ inline void refuse_if_sharded(const torch::optim::Optimizer& optimizer, std::str
   std::lock_guard lock(sharded_optimizers_mutex());
   if (sharded_optimizers().count(&optimizer))
     throw InvalidArgumentError(fmt::format(
-        "dtrain: {} of an optimizer wrapped by a DistributedOptimizer with Shard::optimizer_state "
+        "dtrain: {} of an optimizer wrapped by a sharded DistributedOptimizer "
         "is not built: each rank holds the state of its own shard only (Note [Sharded optimizer "
         "state])",
         what));

@@ -57,10 +57,11 @@ concept Optimizer = requires(Opt& o) {
   { optimizer_traits<Opt>::gradients(o) } -> Range;
 } && MutableTensor<range_value_t<decltype(optimizer_traits<Opt>::gradients(std::declval<Opt&>()))>>;
 
-// What each rank keeps of the optimizer: everything (none), or with optimizer_state the state of
-// 1/size of the parameters (ZeRO stage 1; libtorch optimizers, Note [Sharded optimizer state] in
-// torch/optimizer_shards.hpp).
-enum class Shard : std::uint8_t { none, optimizer_state };
+// What each rank keeps of the optimizer: everything (none); with optimizer_state the state of
+// 1/size of the parameters (ZeRO stage 1); with gradients that and, after each unit's
+// reduce-scatter, only its own slice of the gradients (ZeRO stage 2). libtorch optimizers; Note
+// [Sharded optimizer state] in torch/optimizer_shards.hpp.
+enum class Shard : std::uint8_t { none, optimizer_state, gradients };
 
 struct DistributedOptimizerOptions {
   ReduceOp op = ReduceOp::Average;              // Average, Sum or Adasum

@@ -30,9 +30,10 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
         "dtrain: DistributedOptimizerOptions::bucket_bytes = {}: must be at least 0 (0: each "
         "gradient is submitted as backward produces it)",
         *o.bucket_bytes));
-  if (o.shard != Shard::none && o.shard != Shard::optimizer_state)
+  if (o.shard != Shard::none && o.shard != Shard::optimizer_state && o.shard != Shard::gradients)
     throw InvalidArgumentError(fmt::format(
-        "dtrain: DistributedOptimizerOptions::shard = {}: not a Shard (none or optimizer_state)",
+        "dtrain: DistributedOptimizerOptions::shard = {}: not a Shard (none, optimizer_state or "
+        "gradients)",
         static_cast<int>(o.shard)));
   if (o.compression != Compression::none && o.compression != Compression::fp16 &&
       o.compression != Compression::bf16)
@@ -45,7 +46,7 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
         "how gradients travel; for a 16-bit wire format use hook = compression_hook(...) alone");
   if (o.hook && o.shard != Shard::none)
     throw InvalidArgumentError(
-        "dtrain: DistributedOptimizerOptions: hook with Shard::optimizer_state: a sharded "
+        "dtrain: DistributedOptimizerOptions: hook with a Shard: a sharded "
         "optimizer reduce-scatters its gradients and does not call gradient hooks");
   if (o.op == ReduceOp::Adasum && o.compression != Compression::none)
     throw InvalidArgumentError(fmt::format(
@@ -54,7 +55,7 @@ DTRAIN_API void validate(const DistributedOptimizerOptions& o) {
         o.compression == Compression::fp16 ? "fp16" : "bf16"));
   if (o.op == ReduceOp::Adasum && o.shard != Shard::none)
     throw InvalidArgumentError(
-        "dtrain: DistributedOptimizerOptions::op = Adasum with Shard::optimizer_state: a sharded "
+        "dtrain: DistributedOptimizerOptions::op = Adasum with a Shard: a sharded "
         "optimizer reduce-scatters its gradients, and Adasum has no reduce-scatter");
   if (o.gradient_predivide_factor != 1.0 && o.op != ReduceOp::Average)
     throw InvalidArgumentError(
