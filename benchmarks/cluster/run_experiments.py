@@ -132,6 +132,7 @@ class Harness:
         if missing:
             raise Failure("missing programs (build them in --build-dir): " + ", ".join(missing))
         self.has_compression = self.has_torch = self.has_powersgd = self.has_adasum = False
+        self.has_shard_gradients = False
         if "buckets" in experiments and self.args.buckets_ddp:
             self.has_torch = self.python_has_torch()
         if "training" not in experiments:
@@ -143,6 +144,7 @@ class Harness:
         self.has_compression = "--compression" in help_text
         self.has_powersgd = "--powersgd-rank" in help_text
         self.has_adasum = "adasum" in help_text
+        self.has_shard_gradients = "gradients" in help_text and "--shard" in help_text
         if not self.has_compression:
             self.note("examples/resnet has no --compression flag: the 'dtrain fp16' variant "
                       "(DistributedOptimizerOptions::compression = fp16) cannot run from the "
@@ -512,6 +514,11 @@ class Harness:
                                   str(a.powersgd_rank), "--powersgd-start-step", "0")))
             if self.has_adasum:
                 variants.append(("dtrain adasum", h, ("--op", "adasum")))
+            if self.has_shard_gradients:
+                # ZeRO stages 1 and 2 at their default units (one per step on one host, 25 MiB
+                # units for gradients and across hosts), over the default host library.
+                variants.append(("dtrain shard optimizer", h, ("--shard", "optimizer")))
+                variants.append(("dtrain shard gradients", h, ("--shard", "gradients")))
             # Host tensors over Gloo (DTRAIN_CPU_OPERATIONS=gloo), as DDP's are.
             variants.append(("dtrain gloo", h, ()))
             variants.append(("dtrain buckets gloo", h, ("--bucket-mb", str(a.bucket_mb))))
@@ -751,7 +758,7 @@ def summarize_training(runs, hosts):
         for variant in ("dtrain at once", "ddp at once", "dtrain", "dtrain mpi", "dtrain buckets",
                         "dtrain nonblocking", "dtrain buckets nonblocking", "dtrain gloo",
                         "dtrain buckets gloo", "dtrain fp16", "dtrain powersgd", "dtrain adasum",
-                        "ddp"):
+                        "dtrain shard optimizer", "dtrain shard gradients", "ddp"):
             values = ips(variant, h)
             if not values:
                 continue
@@ -794,6 +801,8 @@ def print_training(rows):
              "dtrain fp16": "dtrain, fp16 compression",
              "dtrain powersgd": "dtrain, PowerSGD compression (--compression powersgd)",
              "dtrain adasum": "dtrain, Adasum (--op adasum)", "ddp": "PyTorch DDP (gloo)",
+             "dtrain shard optimizer": "dtrain, sharded optimizer state (--shard optimizer)",
+             "dtrain shard gradients": "dtrain, sharded state and gradients (--shard gradients)",
              "dtrain at once": "dtrain trainer alone on each host at once (per job)",
              "ddp at once": "PyTorch alone on each host at once (per job)"}
 

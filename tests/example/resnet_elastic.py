@@ -5,7 +5,10 @@ and world 1 (1 rank) resumes from exactly that commit, re-shards the rest of the
 to the end. Checked: the resize used no restart, world 1 resumed from the step world 0 committed,
 and the job ended after the number of steps the re-sharded epochs give. About 20 s.
 
-    resnet_elastic.py DTRAINRUN RESNET_TRAIN
+    resnet_elastic.py DTRAINRUN RESNET_TRAIN [TRAINER FLAGS...]
+
+Trainer flags are added to every world's command line: with --shard gradients, the sharded
+optimizer state gathered by 2 ranks is what the 1-rank world resumes.
 """
 import os
 import re
@@ -27,6 +30,7 @@ def fail(message, output=""):
 
 def main():
     dtrainrun, trainer = sys.argv[1:3]
+    extra = sys.argv[3:]
     with tempfile.TemporaryDirectory(prefix="dtrain-resnet-elastic-") as work:
         hosts = os.path.join(work, "hosts")
         with open(hosts, "w") as f:
@@ -44,7 +48,7 @@ def main():
                  "--dataset", "synthetic", "--synthetic-samples", str(SAMPLES), "--image-size",
                  "16", "--model", "resnet8", "--epochs", str(EPOCHS), "--batch-size", str(BATCH),
                  "--checkpoint-every", "2", "--eval-samples", "16", "--threads", "1", "--seed",
-                 "3", "--augment"],
+                 "3", "--augment", *extra],
                 env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
             try:
                 deadline = time.monotonic() + WAIT_S
@@ -81,8 +85,10 @@ def main():
     expected = step + (SAMPLES - position) // BATCH + (EPOCHS - epoch) * (SAMPLES // BATCH)
     if int(final.group(1)) != expected:
         fail(f"the job ended at step {final.group(1)}, not {expected}", text)
+    if extra and "--shard" in extra and "(--shard)" not in text:
+        fail("the trainer did not report its sharded optimizer", text)
     print(f"PASSED: resized from 2 ranks to 1 at step {step} (epoch {epoch}, sample {position}), "
-          f"ended at step {expected}")
+          f"ended at step {expected}{' with ' + ' '.join(extra) if extra else ''}")
 
 
 if __name__ == "__main__":
