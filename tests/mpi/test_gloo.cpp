@@ -125,6 +125,20 @@ void run_collectives() {
   const auto mine = dtrain::reducescatter(full, {.op = dtrain::ReduceOp::Sum, .name = "gloo.rs"});
   const std::size_t my_rows = 3 + (rank == 0 ? 1 : 0);
   CHECK(mine == std::vector<float>(my_rows, rank_sum + size));
+  // Fewer rows than ranks: the ring passes empty blocks on (Note [Gloo reduce-scatter]).
+  const std::vector<float> one_row{r + 1};
+  const auto first = dtrain::reducescatter(one_row, {.op = dtrain::ReduceOp::Sum, .name = "gloo.rs1"});
+  CHECK(first == (rank == 0 ? std::vector<float>{rank_sum + size} : std::vector<float>{}));
+  // Each element's maximum is on another rank: element i is i + 100 on rank i % size, i elsewhere.
+  std::vector<double> spread(static_cast<std::size_t>(2 * size + 1));
+  for (std::size_t i = 0; i < spread.size(); ++i)
+    spread[i] = static_cast<double>(i) + (static_cast<int>(i) % size == rank ? 100.0 : 0.0);
+  const auto maxima = dtrain::reducescatter(spread, {.op = dtrain::ReduceOp::Max, .name = "gloo.rsmax"});
+  const std::size_t begin = static_cast<std::size_t>(2 * rank + (rank > 0 ? 1 : 0));
+  std::vector<double> want_max;
+  for (std::size_t i = begin; i < begin + 2 + (rank == 0 ? 1 : 0); ++i)
+    want_max.push_back(static_cast<double>(i) + 100.0);
+  CHECK(maxima == want_max);
 
   if (size >= 3) {  // a process set connects its own Gloo ranks
     const dtrain::ProcessSet odd = dtrain::add_process_set({1, 2});

@@ -11,7 +11,7 @@ extern "C" {
 
 struct DtrainGlooGroup;  // one communicator's Gloo connections
 
-#define DTRAIN_GLOO_API_VERSION 2
+#define DTRAIN_GLOO_API_VERSION 3
 
 struct DtrainGlooApi {
   int version;  // DTRAIN_GLOO_API_VERSION of the plugin
@@ -38,6 +38,10 @@ struct DtrainGlooApi {
   int (*alltoallv)(DtrainGlooGroup* group, const void* send, const std::int64_t* send_counts,
                    void* recv, const std::int64_t* recv_counts, int ranks, int dtype, char* error,
                    std::size_t capacity);
+  // counts[k] elements of the reduction of `send` to rank k; this rank's into `out`.
+  int (*reduce_scatter)(DtrainGlooGroup* group, const void* send, void* out,
+                        const std::int64_t* counts, int ranks, int dtype, int op, char* error,
+                        std::size_t capacity);
 };
 
 // The plugin's one exported symbol.

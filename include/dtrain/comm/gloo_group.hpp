@@ -170,22 +170,12 @@ class GlooGroup {
     check(api_.broadcast(group_, buf, n, static_cast<int>(dtype), root, error_.data(),
                          error_.size()));
   }
-  // Gloo has no reduce-scatter of per-rank counts: the whole input is reduced and this rank keeps
-  // its block (twice the bytes of a ring reduce-scatter).
+  // `counts[k]` elements of the reduction to rank k; this rank's into `out`. A ring over Gloo's
+  // pairs (Note [Gloo reduce-scatter] in src/gloo_plugin.cpp).
   void reduce_scatter(const void* send, void* out, const std::vector<std::int64_t>& counts,
-                      int rank, DataType dtype, ReduceOp op) {
-    const auto es = static_cast<std::int64_t>(element_size(dtype));
-    std::int64_t total = 0, before = 0;
-    for (std::size_t k = 0; k < counts.size(); ++k) {
-      if (static_cast<int>(k) < rank) before += counts[k];
-      total += counts[k];
-    }
-    scratch_.resize(static_cast<std::size_t>(total * es));
-    if (total > 0) std::memcpy(scratch_.data(), send, scratch_.size());
-    allreduce(scratch_.data(), total, dtype, op);
-    if (counts[static_cast<std::size_t>(rank)] > 0)
-      std::memcpy(out, scratch_.data() + before * es,
-                  static_cast<std::size_t>(counts[static_cast<std::size_t>(rank)] * es));
+                      DataType dtype, ReduceOp op) {
+    check(api_.reduce_scatter(group_, send, out, counts.data(), ranks_, static_cast<int>(dtype),
+                              static_cast<int>(op), error_.data(), error_.size()));
   }
   void alltoallv(const void* send, const std::vector<std::int64_t>& send_counts, void* recv,
                  const std::vector<std::int64_t>& recv_counts, DataType dtype) {
@@ -201,7 +191,6 @@ class GlooGroup {
   const DtrainGlooApi& api_;
   std::string requested_iface_;
   std::chrono::milliseconds timeout_;
-  std::vector<char> scratch_;  // reduce_scatter's, kept between calls
   DtrainGlooGroup* group_ = nullptr;
   int ranks_ = 1;
   mutable std::array<char, 1024> error_{};

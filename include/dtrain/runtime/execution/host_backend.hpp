@@ -411,7 +411,7 @@ class HostBackend final : public Backend {
       send = tmp;
     }
     auto t0 = Clock::now();
-    if (gloo_) gloo_->reduce_scatter(send, out, counts, rank_, r.dtype, effective_op(r));
+    if (gloo_) gloo_->reduce_scatter(send, out, counts, r.dtype, effective_op(r));
     else
     host_reduce_scatter(send, out, counts, r.dtype, effective_op(r), options_.comm, chunk(r.dtype),
                         options_.wait);
