@@ -216,28 +216,6 @@ class OptimizerShards {
         f.members[j].mutable_grad() = keep_views_ ? gradient_view(f, j) : torch::Tensor();
   }
 
-  // Bytes of gradient buffers this rank holds for the units now (Shard::gradients: the units
-  // whose reduce-scatter has not finished reading them; Shard::optimizer_state: all of them).
-  std::int64_t unit_gradient_bytes() const {
-    std::lock_guard lock(mutex_);
-    std::int64_t bytes = 0;
-    for (std::size_t u = 0; u < flats_.size(); ++u)
-      for (const auto* t : {&flats_[u].grads, &units_[u].wire})
-        if (t->defined() && (t != &units_[u].wire || !t->is_same(flats_[u].grads)))
-          bytes += t->numel() * static_cast<std::int64_t>(t->element_size());
-    return bytes;
-  }
-
-  // Units whose reduce-scatter was posted from a hook or since, and not yet waited for.
-  std::size_t units_posted() const {
-    std::lock_guard lock(mutex_);
-    std::size_t n = 0;
-    for (const auto& unit : units_) n += unit.pending.valid() ? 1 : 0;
-    return n;
-  }
-
-  std::size_t unit_count() const noexcept { return flats_.size(); }
-
   // The norm (norm_type 2 or infinity) of the whole averaged gradient, from the shards' norms in
   // one allreduce; scales every shard's gradient so that the norm is at most max_norm, as
   // torch::nn::utils::clip_grad_norm_ would on the unsharded gradients. Call after synchronize().
