@@ -40,34 +40,19 @@
 //
 // Refused rather than got wrong: saving the sharded optimizer itself as a checkpoint item and
 // broadcast_optimizer_state (each rank holds different state; DistributedOptimizer::gather_state
-// is the way to save it, Note [Sharded state in checkpoints]), and gradients of a sparse layout.
+// is the way to save it, Note [Sharded state in checkpoints] in torch/shard_state.hpp), and
+// gradients of a sparse layout.
 // Not built: starting the allgather of step 3 early and waiting for it only at the parameters'
 // first use in the next forward; sharding over a process set other than the world.
-//
-// Note [Sharded state in checkpoints]
-// Checkpoint saves shared items from rank 0 alone (Note [Checkpoint flow]), and a sharded
-// optimizer's state is spread over every rank, so it is gathered first, by a collective every
-// rank calls: gather_state() allgathers each shard-shaped field of each unit's state (momentum,
-// Adam's moments), one at a time, cuts the padding off and joins the units of each family. The
-// result describes each family's parameters whole, in order, and is the same on every rank,
-// which an elastic commit, written by one rank of each host, needs too. Fields that are not
-// shard-shaped (step counts) are equal on every rank and unit and kept as they are. load_state()
-// takes its own slice of each field for the world size and the units it runs with: a family
-// depends on the parameters alone, never on the world size or the unit size, so state gathered
-// on 3 ranks loads on 2 or 4, and with either sharded mode. The cost is the whole state in memory
-// on every rank while it is gathered and saved. Per-rank files with a reshard on load would avoid
-// that, but need every rank to write and read its own file, which Checkpoint and elastic commits
-// do not do.
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
 #include <algorithm>
 #include <map>
-#include <sstream>
+#include <mutex>
 #include <string>
 #include <string_view>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,6 +63,7 @@
 #include "dtrain/runtime/grouped_collectives.hpp"
 #include "dtrain/torch/optimizer_state.hpp"
 #include "dtrain/torch/shard_layout.hpp"
+#include "dtrain/torch/shard_state.hpp"
 #include "dtrain/torch/sharded_optimizers.hpp"
 #include "dtrain/torch/tensor.hpp"
 #include "dtrain/train/distributed_optimizer.hpp"
@@ -245,136 +231,12 @@ class OptimizerShards {
   }
 
   // Collective. Every rank's state of every shard, spread back over each family's parameters
-  // whole (Note [Sharded state in checkpoints]).
-  OptimizerState gather_state() {
-    torch::NoGradGuard no_grad;
-    OptimizerState out;
-    out.sharded = true;
-    out.layout = layout_;
-    for (auto& group : optimizer_->param_groups()) out.groups.push_back(options_bytes(group));
-    for (const auto& units : families()) {
-      std::vector<std::string> gathered;
-      std::string archive;
-      std::vector<std::vector<std::pair<std::string, c10::IValue>>> entries;
-      for (auto u : units)
-        if (auto* state = state_of(flats_[u])) entries.push_back(archive_entries(*state));
-      if (!entries.empty() && entries.size() != units.size())
-        throw InvalidArgumentError(fmt::format(
-            "dtrain: DistributedOptimizer::gather_state: the optimizer holds state for {} of the "
-            "{} shards of one parameter family: step the optimizer (or load a state) before "
-            "gathering",
-            entries.size(), units.size()));
-      if (!entries.empty()) {
-        torch::serialize::OutputArchive whole;
-        for (std::size_t e = 0; e < entries.front().size(); ++e) {
-          const auto& [key, value] = entries.front()[e];
-          if (!shard_shaped(value, flats_[units.front()])) {
-            whole.write(key, value);
-            continue;
-          }
-          std::vector<torch::Tensor> pieces;
-          for (std::size_t k = 0; k < units.size(); ++k) {
-            const auto& f = flats_[units[k]];
-            const auto& mine = entries[k].at(e).second;
-            if (entries[k][e].first != key || !shard_shaped(mine, f))
-              throw InvalidArgumentError(fmt::format(
-                  "dtrain: DistributedOptimizer::gather_state: the shards' states differ in "
-                  "field '{}'",
-                  key));
-            auto all = allgather(mine.toTensor().contiguous(),
-                                 CollectiveOptions{fmt::format("{}.state.{}.{}", prefix_,
-                                                               units[k], key)});
-            pieces.push_back(all.narrow(0, 0, flat_numel(f)));
-          }
-          whole.write(key, torch::cat(pieces));
-          gathered.push_back(key);
-        }
-        std::ostringstream os;
-        whole.save_to(os);
-        archive = std::move(os).str();
-      }
-      out.flats.push_back(std::move(archive));
-      out.gathered.push_back(std::move(gathered));
-    }
-    return out;
-  }
+  // whole (Note [Sharded state in checkpoints] in torch/shard_state.hpp).
+  OptimizerState gather_state() { return gather_shard_state(*optimizer_, flats_, layout_, prefix_); }
 
   // Not collective: this rank's shards of a gathered state, on any world size and unit size.
   void load_state(const OptimizerState& state) {
-    torch::NoGradGuard no_grad;
-    if (!state.sharded)
-      throw InvalidArgumentError(
-          "dtrain: DistributedOptimizer::load_state: the state was gathered from an unsharded "
-          "DistributedOptimizer; this one is sharded");
-    if (state.layout != layout_)
-      throw InvalidArgumentError(fmt::format(
-          "dtrain: DistributedOptimizer::load_state: the state belongs to other parameters: it "
-          "has {}",
-          first_difference(state.layout, layout_)));
-    const auto family_units = families();
-    if (state.flats.size() != family_units.size() ||
-        state.gathered.size() != family_units.size() ||
-        state.groups.size() != optimizer_->param_groups().size())
-      throw InvalidArgumentError(
-          "dtrain: DistributedOptimizer::load_state: the state's flat buffers do not match this "
-          "optimizer's");
-    for (std::size_t g = 0; g < state.groups.size(); ++g) {
-      torch::serialize::InputArchive in;
-      std::istringstream is(state.groups[g]);
-      in.load_from(is);
-      optimizer_->param_groups()[g].options().serialize(in);
-    }
-    bool missing = false;
-    for (std::size_t i = 0; i < family_units.size(); ++i)
-      for (auto u : family_units[i])
-        missing = missing || (!state.flats[i].empty() && state_of(flats_[u]) == nullptr);
-    if (missing) create_state();
-    const std::int64_t me = rank();
-    for (std::size_t i = 0; i < family_units.size(); ++i) {
-      if (state.flats[i].empty()) {
-        for (auto u : family_units[i]) optimizer_->state().erase(flats_[u].shard.unsafeGetTensorImpl());
-        continue;
-      }
-      torch::serialize::InputArchive whole;
-      std::istringstream is(state.flats[i]);
-      whole.load_from(is);
-      std::vector<std::pair<std::string, c10::IValue>> values;
-      for (const auto& key : whole.keys()) {
-        c10::IValue value;
-        whole.read(key, value);
-        values.emplace_back(key, std::move(value));
-      }
-      const auto& gathered = state.gathered[i];
-      for (auto u : family_units[i]) {
-        const auto& f = flats_[u];
-        torch::serialize::OutputArchive mine;
-        for (const auto& [key, value] : values) {
-          if (std::find(gathered.begin(), gathered.end(), key) == gathered.end()) {
-            mine.write(key, value);
-            continue;
-          }
-          const auto& all = value.toTensor();
-          const std::int64_t family_numel =
-              flat_numel(flats_[family_units[i].back()]) + flats_[family_units[i].back()].base;
-          if (all.numel() != family_numel)
-            throw InvalidArgumentError(fmt::format(
-                "dtrain: DistributedOptimizer::load_state: field '{}' has {} elements where the "
-                "parameters have {}",
-                key, all.numel(), family_numel));
-          const std::int64_t per_rank = f.shard.numel();
-          const std::int64_t begin = std::min(me * per_rank, flat_numel(f));
-          const std::int64_t end = std::min((me + 1) * per_rank, flat_numel(f));
-          auto slice = torch::zeros({per_rank}, all.options());
-          slice.narrow(0, 0, end - begin).copy_(all.narrow(0, f.base + begin, end - begin));
-          mine.write(key, slice.to(f.shard.device()));
-        }
-        std::stringstream bytes;
-        mine.save_to(bytes);
-        torch::serialize::InputArchive in;
-        in.load_from(bytes);
-        state_of(f)->serialize(in);
-      }
-    }
+    load_shard_state(*optimizer_, flats_, layout_, state);
   }
 
   // Elements of this rank's shards (what the optimizer steps).
@@ -411,21 +273,6 @@ class OptimizerShards {
     Handle pending;            // the unit's reduce-scatter, once posted
     torch::Tensor wire;        // what it reads, alive until it is done
   };
-
-  // The units of each family, in order.
-  std::vector<std::vector<std::size_t>> families() const {
-    std::vector<std::vector<std::size_t>> out;
-    for (std::size_t u = 0; u < flats_.size(); ++u) {
-      if (flats_[u].family >= out.size()) out.resize(flats_[u].family + 1);
-      out[flats_[u].family].push_back(u);
-    }
-    return out;
-  }
-
-  static bool shard_shaped(const c10::IValue& value, const FlatShard& f) {
-    return value.isTensor() && value.toTensor().dim() == 1 &&
-           value.toTensor().numel() == f.shard.numel();
-  }
 
   // Member j's gradient into unit u's buffer (made on the first; zeros where no gradient comes).
   void take(std::size_t u, std::size_t j) {
@@ -521,29 +368,6 @@ class OptimizerShards {
           "sharding options on every rank, but rank {} has \"{}\" where rank 0 has \"{}\"",
           r, line(all[r]), line(all[0])));
     }
-  }
-
-  torch::optim::OptimizerParamState* state_of(const FlatShard& f) const {
-    auto it = optimizer_->state().find(f.shard.unsafeGetTensorImpl());
-    return it == optimizer_->state().end() ? nullptr : it->second.get();
-  }
-
-  // The optimizer creates a shard's state object (of its own class) on its first step: one step
-  // with a learning rate of 0 and zero gradients makes them without moving a parameter, and
-  // load_state() then overwrites every field.
-  void create_state() {
-    std::vector<double> lrs;
-    for (auto& group : optimizer_->param_groups()) {
-      lrs.push_back(group.options().get_lr());
-      group.options().set_lr(0);
-    }
-    for (auto& f : flats_) {
-      f.shard_grad.zero_();
-      f.shard.mutable_grad() = f.shard_grad;
-    }
-    optimizer_->step();
-    for (std::size_t g = 0; g < lrs.size(); ++g)
-      optimizer_->param_groups()[g].options().set_lr(lrs[g]);
   }
 
   torch::Tensor wire_format(const torch::Tensor& grads) const {
